@@ -1,0 +1,221 @@
+//! Batch operations: many creates, lookups or getattrs in few RPCs, for bulk import and
+//! mdtest-style phases.
+//!
+//! Ops are grouped by the partition they route to, cut into chunks of the cluster's
+//! `max_batch`, and sent as `Batch` RPCs, several in flight at once
+//! (`ClientOptions::batch_concurrency`). Each op answers on its own; results come back in
+//! input order. A whole-RPC failure (not leader, unavailable, ...) is retried by the router
+//! like any request; if it still fails, every op of that chunk reports the error. A
+//! `StaleEpoch` answer for a chunk is retried once with the newer epoch, as for the
+//! inode-level operations.
+
+use crate::client::{attr_of, check_name, header, read_kind, Client};
+use crate::router::ReadKind;
+use crate::types::CreateSpec;
+use futures::stream::{self, StreamExt};
+use std::collections::BTreeMap;
+use talon_model::placement::entry_partition;
+use talon_model::{Attr, Class, Ino, TalonError};
+use talon_proto::v1 as pb;
+use talon_proto::v1::batch_op::Op;
+use talon_proto::v1::batch_result::Result as BatchOutcome;
+
+/// One op bound for a partition, with its position in the caller's input.
+type Slot = (usize, Op);
+
+impl Client {
+    /// Creates every `(name, spec)` in `parent`. The result for each input is at the same
+    /// position; one failing create does not stop the others.
+    pub async fn create_batch(
+        &self,
+        parent: Ino,
+        specs: Vec<(Vec<u8>, CreateSpec)>,
+    ) -> Vec<Result<Attr, TalonError>> {
+        let n = specs.len();
+        let class = match self.dir_class(parent).await {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); n],
+        };
+        let parts = self.router().partitions();
+        let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; n];
+        let mut groups: BTreeMap<u32, Vec<(usize, Vec<u8>, CreateSpec)>> = BTreeMap::new();
+        for (i, (name, spec)) in specs.into_iter().enumerate() {
+            match Self::check_spec(&name, &spec) {
+                Ok(()) => {
+                    let p = entry_partition(parent, &name, class, parts);
+                    groups.entry(p).or_default().push((i, name, spec));
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let names: BTreeMap<usize, Vec<u8>> = groups
+            .values()
+            .flatten()
+            .map(|(i, name, _)| (*i, name.clone()))
+            .collect();
+        let ops = groups.into_iter().map(|(p, ops)| {
+            let ops = ops
+                .into_iter()
+                .map(|(i, name, spec)| {
+                    (
+                        i,
+                        Op::Create(self.create_request(p, parent, &name, &spec, 0)),
+                    )
+                })
+                .collect();
+            (p, ops)
+        });
+        for (i, r) in self.run_batches(ops.collect(), ReadKind::Write).await {
+            if let Ok(attr) = &r {
+                if let Some(name) = names.get(&i) {
+                    self.cache()
+                        .insert_dentry(parent, class, name, attr, self.epoch());
+                }
+            }
+            results[i] = Some(r);
+        }
+        finish(results)
+    }
+
+    /// Looks up every name of `names` in `parent`; results in input order.
+    pub async fn lookup_batch(
+        &self,
+        parent: Ino,
+        names: Vec<Vec<u8>>,
+    ) -> Vec<Result<Attr, TalonError>> {
+        let n = names.len();
+        let class = match self.dir_class(parent).await {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); n],
+        };
+        let parts = self.router().partitions();
+        let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; n];
+        let mut groups: BTreeMap<u32, Vec<Slot>> = BTreeMap::new();
+        for (i, name) in names.into_iter().enumerate() {
+            if let Err(e) = check_name(&name) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            let p = entry_partition(parent, &name, class, parts);
+            let op = Op::Lookup(pb::LookupRequest {
+                header: None,
+                parent: parent.0,
+                name,
+            });
+            groups.entry(p).or_default().push((i, op));
+        }
+        for (i, r) in self
+            .run_batches(groups.into_iter().collect(), read_kind(class))
+            .await
+        {
+            results[i] = Some(r);
+        }
+        finish(results)
+    }
+
+    /// The attributes of every ino of `inos`, read from their partition leaders; results in
+    /// input order.
+    pub async fn getattr_batch(&self, inos: &[Ino]) -> Vec<Result<Attr, TalonError>> {
+        let mut groups: BTreeMap<u32, Vec<Slot>> = BTreeMap::new();
+        for (i, ino) in inos.iter().enumerate() {
+            let op = Op::Getattr(pb::GetAttrRequest {
+                header: None,
+                ino: ino.0,
+            });
+            groups.entry(ino.home()).or_default().push((i, op));
+        }
+        let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; inos.len()];
+        for (i, r) in self
+            .run_batches(groups.into_iter().collect(), ReadKind::StrictRead)
+            .await
+        {
+            results[i] = Some(r);
+        }
+        finish(results)
+    }
+
+    /// Sends the grouped ops in chunks of `max_batch`, concurrently; answers every slot.
+    async fn run_batches(
+        &self,
+        groups: Vec<(u32, Vec<Slot>)>,
+        read: ReadKind,
+    ) -> Vec<(usize, Result<Attr, TalonError>)> {
+        let max = self.cluster_map().max_batch.max(1) as usize;
+        let mut chunks: Vec<(u32, Vec<Slot>)> = Vec::new();
+        for (p, mut ops) in groups {
+            while !ops.is_empty() {
+                let rest = ops.split_off(ops.len().min(max));
+                chunks.push((p, std::mem::replace(&mut ops, rest)));
+            }
+        }
+        let concurrency = self.options().batch_concurrency.max(1);
+        stream::iter(chunks)
+            .map(|(p, slots)| self.run_chunk(p, slots, read))
+            .buffer_unordered(concurrency)
+            .flat_map(stream::iter)
+            .collect()
+            .await
+    }
+
+    async fn run_chunk(
+        &self,
+        p: u32,
+        slots: Vec<Slot>,
+        read: ReadKind,
+    ) -> Vec<(usize, Result<Attr, TalonError>)> {
+        let (idx, ops): (Vec<usize>, Vec<Op>) = slots.into_iter().unzip();
+        let ops: Vec<pb::BatchOp> = ops
+            .into_iter()
+            .map(|op| pb::BatchOp { op: Some(op) })
+            .collect();
+        let ops = &ops;
+        let reply = self
+            .retry_stale(|epoch| async move {
+                let req = pb::BatchRequest {
+                    header: header(p, read, epoch),
+                    ops: ops.clone(),
+                };
+                self.call(p, read, |mut c| {
+                    let req = req.clone();
+                    async move { c.batch(req).await }
+                })
+                .await
+            })
+            .await;
+        match reply {
+            Err(e) => idx.into_iter().map(|i| (i, Err(e.clone()))).collect(),
+            Ok(reply) => {
+                let mut answers = reply.results.into_iter();
+                idx.into_iter()
+                    .map(|i| {
+                        let r = match answers.next().and_then(|r| r.result) {
+                            Some(BatchOutcome::Attr(a)) => attr_of(Some(a)),
+                            Some(BatchOutcome::Error(d)) => Err(TalonError::from_detail(d)),
+                            None => Err(TalonError::Invalid(
+                                "batch reply without this op's result".into(),
+                            )),
+                        };
+                        (i, r)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn finish(results: Vec<Option<Result<Attr, TalonError>>>) -> Vec<Result<Attr, TalonError>> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(TalonError::Invalid("op was not sent".into()))))
+        .collect()
+}
+
+/// Which partition each name of a relaxed (or strict) directory lands on; for tools that
+/// want to show or plan the spread of a bulk load.
+pub fn spread(parent: Ino, class: Class, partitions: u32, names: &[Vec<u8>]) -> Vec<u64> {
+    let mut counts = vec![0u64; partitions.max(1) as usize];
+    for n in names {
+        counts[entry_partition(parent, n, class, partitions) as usize] += 1;
+    }
+    counts
+}

@@ -1,0 +1,28 @@
+//! The `talon` command. Parses arguments, sets up logging, and hands over to
+//! `talon_client::cli::run`.
+
+use clap::Parser;
+use talon_client::cli::{run, Cli};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("talon: start runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    std::process::ExitCode::from(code.clamp(0, 255) as u8)
+}

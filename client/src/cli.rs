@@ -1,0 +1,559 @@
+//! The `talon` command: argument definitions and the code behind each subcommand. The
+//! binary only parses arguments, sets up logging and calls [`run`], so every command can be
+//! driven from a test.
+//!
+//! Output goes to stdout; every failure is one line `talon: <op> <path>: <message>` on
+//! stderr, and the exit status is 1 if any operand failed. Commands taking several paths
+//! go on after a failure, like their coreutils namesakes.
+
+use crate::client::Client;
+use crate::options::ClientOptions;
+use crate::types::{DirEntry, MkdirOptions};
+use clap::{Args, Parser, Subcommand};
+use std::io::Write;
+use talon_model::{Attr, Class, Errno, FileKind, TalonError, Time};
+
+/// The cluster used when neither `--cluster` nor `TALON_CLUSTER` is given.
+pub const DEFAULT_CLUSTER: &str = "127.0.0.1:7001";
+
+/// `talon`: use a Talon namespace from the command line.
+#[derive(Debug, Parser)]
+#[command(name = "talon", version, about)]
+pub struct Cli {
+    /// Cluster nodes, comma separated `host:port`.
+    #[arg(long, global = true, env = "TALON_CLUSTER", default_value = DEFAULT_CLUSTER)]
+    pub cluster: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A subcommand.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List a directory, page by page.
+    Ls {
+        /// Long format: kind and mode, links, owner, size, mtime, name.
+        #[arg(short = 'l')]
+        long: bool,
+        /// The directory (or file) to list.
+        #[arg(default_value = "/")]
+        path: String,
+    },
+    /// Show the attributes of a path (a final symlink is not followed).
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// Create directories.
+    Mkdir(MkdirArgs),
+    /// Rename SRC to DST, replacing DST if it exists.
+    Mv {
+        /// Source path.
+        src: String,
+        /// Destination path.
+        dst: String,
+    },
+    /// Remove files, or directory trees with -r.
+    Rm {
+        /// Remove directories and their contents.
+        #[arg(short = 'r', short_alias = 'R', long = "recursive")]
+        recursive: bool,
+        /// Paths to remove.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Make a hard link LINK to TARGET, or a symlink with -s.
+    Ln {
+        /// Make a symbolic link.
+        #[arg(short = 's')]
+        symbolic: bool,
+        /// What the link points at.
+        target: String,
+        /// The link to create.
+        link: String,
+    },
+    /// Create empty regular files, or update the times of existing ones.
+    Touch {
+        /// Paths to touch.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Show a directory's consistency class, or set it with --set.
+    Policy {
+        /// The directory.
+        path: String,
+        /// New class: strict or relaxed (the directory must be empty).
+        #[arg(long)]
+        set: Option<Class>,
+    },
+    /// Show every node's partitions: role, leader, term, applied index.
+    Status,
+}
+
+/// Arguments of `talon mkdir`.
+#[derive(Debug, Args)]
+pub struct MkdirArgs {
+    /// Make the new directories strict (linearizable, co-located entries).
+    #[arg(long, conflicts_with = "relaxed")]
+    pub strict: bool,
+    /// Make the new directories relaxed (spread entries, bounded-stale reads).
+    #[arg(long)]
+    pub relaxed: bool,
+    /// Create missing parents; an existing directory is not an error.
+    #[arg(short = 'p', long = "parents")]
+    pub parents: bool,
+    /// Directories to create.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+}
+
+/// The seeds in a `--cluster` value.
+pub fn seeds(cluster: &str) -> Vec<String> {
+    cluster
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Runs the command; returns the process exit status.
+pub async fn run(cli: Cli) -> i32 {
+    let client = match Client::connect(&seeds(&cli.cluster), ClientOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("talon: connect {}: {e}", cli.cluster);
+            return 1;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    match run_with(&client, cli.command, &mut out).await {
+        Ok(true) => 0,
+        _ => 1,
+    }
+}
+
+/// Runs `command` against `client`, writing results to `out` and failures to stderr.
+/// Returns whether every operand succeeded; `Err` only for a failed write to `out`.
+pub async fn run_with(
+    client: &Client,
+    command: Command,
+    out: &mut impl Write,
+) -> std::io::Result<bool> {
+    let mut ok = true;
+    let mut fail = |op: &str, path: &str, e: &TalonError| {
+        eprintln!("talon: {op} {path}: {}", describe(e));
+        ok = false;
+    };
+    match command {
+        Command::Ls { long, path } => {
+            if let Err(e) = ls(client, &path, long, out).await {
+                match e {
+                    LsError::Io(e) => return Err(e),
+                    LsError::Talon(e) => fail("ls", &path, &e),
+                }
+            }
+        }
+        Command::Stat { path } => match client.stat(&path).await {
+            Ok(a) => write_stat(out, &path, &a)?,
+            Err(e) => fail("stat", &path, &e),
+        },
+        Command::Mkdir(args) => {
+            let class = match (args.strict, args.relaxed) {
+                (true, _) => Some(Class::Strict),
+                (_, true) => Some(Class::Relaxed),
+                _ => None,
+            };
+            for p in &args.paths {
+                let opts = MkdirOptions {
+                    class,
+                    parents: args.parents,
+                    ..MkdirOptions::default()
+                };
+                if let Err(e) = client.mkdir(p, opts).await {
+                    fail("mkdir", p, &e);
+                }
+            }
+        }
+        Command::Mv { src, dst } => {
+            if let Err(e) = client.rename(&src, &dst).await {
+                fail("mv", &format!("{src} {dst}"), &e);
+            }
+        }
+        Command::Rm { recursive, paths } => {
+            for p in &paths {
+                let r = if recursive {
+                    client.remove_all(p).await
+                } else {
+                    match client.stat(p).await {
+                        Ok(a) if a.kind == FileKind::Directory => Err(TalonError::posix(
+                            Errno::EISDIR,
+                            "is a directory (use rm -r)",
+                        )),
+                        Ok(_) => client.unlink(p).await,
+                        Err(e) => Err(e),
+                    }
+                };
+                if let Err(e) = r {
+                    fail("rm", p, &e);
+                }
+            }
+        }
+        Command::Ln {
+            symbolic,
+            target,
+            link,
+        } => {
+            let r = if symbolic {
+                client.symlink(&target, &link).await
+            } else {
+                client.hard_link(&target, &link).await
+            };
+            if let Err(e) = r {
+                fail("ln", &link, &e);
+            }
+        }
+        Command::Touch { paths } => {
+            for p in &paths {
+                if let Err(e) = client.touch(p).await {
+                    fail("touch", p, &e);
+                }
+            }
+        }
+        Command::Policy { path, set: None } => match client.policy(&path).await {
+            Ok(c) => writeln!(out, "{path}: {}", c.as_str())?,
+            Err(e) => fail("policy", &path, &e),
+        },
+        Command::Policy {
+            path,
+            set: Some(class),
+        } => {
+            if let Err(e) = client.set_policy(&path, class).await {
+                fail("policy", &path, &e);
+            }
+        }
+        Command::Status => {
+            if !write_status(client, out).await? {
+                ok = false;
+            }
+        }
+    }
+    Ok(ok)
+}
+
+enum LsError {
+    Io(std::io::Error),
+    Talon(TalonError),
+}
+
+impl From<TalonError> for LsError {
+    fn from(e: TalonError) -> Self {
+        LsError::Talon(e)
+    }
+}
+
+impl From<std::io::Error> for LsError {
+    fn from(e: std::io::Error) -> Self {
+        LsError::Io(e)
+    }
+}
+
+async fn ls(client: &Client, path: &str, long: bool, out: &mut impl Write) -> Result<(), LsError> {
+    let attr = client.stat(path).await?;
+    if attr.kind != FileKind::Directory {
+        if long {
+            writeln!(out, "{}", long_line(&attr, path.as_bytes()))?;
+        } else {
+            writeln!(out, "{path}")?;
+        }
+        return Ok(());
+    }
+    let mut pages = client.read_dir(path).await?.with_attrs(long);
+    while let Some(page) = pages.next_page().await? {
+        for e in page {
+            writeln!(out, "{}", entry_line(&e, long))?;
+        }
+    }
+    Ok(())
+}
+
+fn entry_line(e: &DirEntry, long: bool) -> String {
+    match (&e.attr, long) {
+        (Some(a), true) => long_line(a, &e.name),
+        _ => String::from_utf8_lossy(&e.name).into_owned(),
+    }
+}
+
+/// The `ls -l` line of an inode.
+pub fn long_line(a: &Attr, name: &[u8]) -> String {
+    format!(
+        "{}{} {:>3} {:>5} {:>5} {:>10} {} {}",
+        kind_char(a.kind),
+        mode_string(a.perm),
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.size,
+        format_time(a.mtime),
+        String::from_utf8_lossy(name)
+    )
+}
+
+fn kind_char(k: FileKind) -> char {
+    match k {
+        FileKind::Regular => '-',
+        FileKind::Directory => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDevice => 'c',
+        FileKind::BlockDevice => 'b',
+    }
+}
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::Regular => "regular file",
+        FileKind::Directory => "directory",
+        FileKind::Symlink => "symbolic link",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDevice => "character special file",
+        FileKind::BlockDevice => "block special file",
+    }
+}
+
+/// `rwxr-xr-x` for permission bits, with set-id and sticky bits as `ls` shows them.
+pub fn mode_string(perm: u32) -> String {
+    let mut s = String::with_capacity(9);
+    for (i, special, lower, upper) in [
+        (6, 0o4000, 's', 'S'),
+        (3, 0o2000, 's', 'S'),
+        (0, 0o1000, 't', 'T'),
+    ] {
+        let bits = (perm >> i) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        let x = bits & 1 != 0;
+        s.push(match (perm & special != 0, x) {
+            (true, true) => lower,
+            (true, false) => upper,
+            (false, true) => 'x',
+            (false, false) => '-',
+        });
+    }
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
+pub fn format_time(t: Time) -> String {
+    let days = t.secs.div_euclid(86_400);
+    let rem = t.secs.rem_euclid(86_400);
+    // Civil-from-days (proleptic Gregorian), after Howard Hinnant's date algorithms.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn write_stat(out: &mut impl Write, path: &str, a: &Attr) -> std::io::Result<()> {
+    writeln!(out, "  File: {path}")?;
+    writeln!(
+        out,
+        "  Kind: {}  Class: {}",
+        kind_name(a.kind),
+        a.class.as_str()
+    )?;
+    writeln!(
+        out,
+        " Inode: {} (partition {})  Links: {}  Size: {}",
+        a.ino,
+        a.ino.home(),
+        a.nlink,
+        a.size
+    )?;
+    writeln!(
+        out,
+        "Access: ({:04o}/{}{})  Uid: {}  Gid: {}",
+        a.perm,
+        kind_char(a.kind),
+        mode_string(a.perm),
+        a.uid,
+        a.gid
+    )?;
+    if matches!(a.kind, FileKind::CharDevice | FileKind::BlockDevice) {
+        writeln!(out, "Device: {}:{}", a.rdev >> 8, a.rdev & 0xff)?;
+    }
+    writeln!(out, "Access: {}", format_time(a.atime))?;
+    writeln!(out, "Modify: {}", format_time(a.mtime))?;
+    writeln!(out, "Change: {}", format_time(a.ctime))?;
+    writeln!(out, " Birth: {}", format_time(a.crtime))?;
+    Ok(())
+}
+
+async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<bool> {
+    let mut ok = true;
+    writeln!(
+        out,
+        "{:>4}  {:<21} {:>4}  {:<9} {:>6} {:>6} {:>10} {:>10} {:>10}",
+        "NODE", "ADDR", "PART", "ROLE", "LEADER", "TERM", "APPLIED", "ENTRIES", "INODES"
+    )?;
+    for n in client.status().await {
+        match n.partitions {
+            Ok(parts) => {
+                for p in parts {
+                    writeln!(
+                        out,
+                        "{:>4}  {:<21} {:>4}  {:<9} {:>6} {:>6} {:>10} {:>10} {:>10}",
+                        n.node_id,
+                        n.addr,
+                        p.id,
+                        p.role,
+                        p.leader,
+                        p.term,
+                        p.applied_index,
+                        p.entries,
+                        p.inodes
+                    )?;
+                }
+            }
+            Err(e) => {
+                writeln!(
+                    out,
+                    "{:>4}  {:<21} unreachable: {}",
+                    n.node_id,
+                    n.addr,
+                    describe(&e)
+                )?;
+                ok = false;
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// A user-facing message for an error: the C library's wording for POSIX errors.
+pub fn describe(e: &TalonError) -> String {
+    let TalonError::Posix { errno, .. } = e else {
+        return e.to_string();
+    };
+    let text = match *errno {
+        Errno::EPERM => "Operation not permitted",
+        Errno::ENOENT => "No such file or directory",
+        Errno::EIO => "Input/output error",
+        Errno::EACCES => "Permission denied",
+        Errno::EBUSY => "Device or resource busy",
+        Errno::EEXIST => "File exists",
+        Errno::EXDEV => "Invalid cross-device link",
+        Errno::ENOTDIR => "Not a directory",
+        Errno::EISDIR => "Is a directory",
+        Errno::EINVAL => "Invalid argument",
+        Errno::ENOSPC => "No space left on device",
+        Errno::EMLINK => "Too many links",
+        Errno::ENAMETOOLONG => "File name too long",
+        Errno::ENOTEMPTY => "Directory not empty",
+        Errno::ELOOP => "Too many levels of symbolic links",
+        Errno::ENODATA => "No data available",
+        Errno::ENOTSUP => "Operation not supported",
+        Errno::ETIMEDOUT => "Connection timed out",
+        _ => return e.to_string(),
+    };
+    text.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn arguments_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_mkdir_and_policy() {
+        let cli = Cli::try_parse_from([
+            "talon",
+            "--cluster",
+            "a:1,b:2",
+            "mkdir",
+            "--strict",
+            "-p",
+            "/x",
+        ])
+        .expect("parses");
+        assert_eq!(
+            seeds(&cli.cluster),
+            vec!["a:1".to_string(), "b:2".to_string()]
+        );
+        assert!(matches!(
+            cli.command,
+            Command::Mkdir(MkdirArgs {
+                strict: true,
+                parents: true,
+                ..
+            })
+        ));
+        let cli =
+            Cli::try_parse_from(["talon", "policy", "/x", "--set", "relaxed"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Policy {
+                set: Some(Class::Relaxed),
+                ..
+            }
+        ));
+        assert!(Cli::try_parse_from(["talon", "mkdir", "--strict", "--relaxed", "/x"]).is_err());
+        assert!(Cli::try_parse_from(["talon", "policy", "/x", "--set", "fast"]).is_err());
+    }
+
+    #[test]
+    fn formats_modes_and_times() {
+        assert_eq!(mode_string(0o755), "rwxr-xr-x");
+        assert_eq!(mode_string(0o4755), "rwsr-xr-x");
+        assert_eq!(mode_string(0o1777), "rwxrwxrwt");
+        assert_eq!(mode_string(0o2644), "rw-r-Sr--");
+        assert_eq!(
+            format_time(Time { secs: 0, nanos: 0 }),
+            "1970-01-01 00:00:00"
+        );
+        assert_eq!(
+            format_time(Time {
+                secs: 951_782_400,
+                nanos: 0
+            }),
+            "2000-02-29 00:00:00"
+        );
+        assert_eq!(
+            format_time(Time {
+                secs: 1_700_000_000,
+                nanos: 0
+            }),
+            "2023-11-14 22:13:20"
+        );
+        assert_eq!(
+            format_time(Time { secs: -1, nanos: 0 }),
+            "1969-12-31 23:59:59"
+        );
+    }
+
+    #[test]
+    fn describes_posix_errors_like_libc() {
+        let e = TalonError::posix(Errno::ENOENT, "x");
+        assert_eq!(describe(&e), "No such file or directory");
+        assert!(describe(&TalonError::Invalid("bad".into())).contains("bad"));
+    }
+}

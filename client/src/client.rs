@@ -1,0 +1,753 @@
+//! The [`Client`] handle and its inode-level operations, one per namespace RPC, for the
+//! FUSE mount and for callers that already hold inode numbers.
+//!
+//! Routing follows the contract in `talon.proto`: entry operations (lookup, create, remove,
+//! link, rename) go to `entry_partition(parent, name, parent_class, P)`, inode operations
+//! to the ino's home partition. The parent's class comes from the path cache's class table,
+//! or from a strict `GetAttr` of the parent; a `WrongPartition` answer (the class changed
+//! while the directory was empty) drops it, re-fetches it, and sends the request once more.
+//!
+//! Epochs: every write, and every strict read, carries the client's namespace epoch;
+//! relaxed reads carry 0 and `relaxed_read`. An inode-level operation names inodes, not
+//! paths, so a `StaleEpoch` answer only means the cache is old: the client drops it and
+//! sends the request once more with the new epoch. Path-level operations (see `paths`)
+//! instead re-resolve the path first.
+//!
+//! Inode-level reads of attributes and xattrs are strict (linearizable) unless the method
+//! says otherwise; lookups and listings follow the directory's class.
+
+use crate::cluster_map::ClusterMap;
+use crate::error::ClientError;
+use crate::options::ClientOptions;
+use crate::path_cache::PathCache;
+use crate::router::{ReadKind, Router};
+use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags};
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
+use std::sync::Arc;
+use talon_model::name::validate_symlink_target;
+use talon_model::placement::entry_partition;
+use talon_model::{validate_name, Attr, Class, Errno, FileKind, Ino, TalonError};
+use talon_proto::v1 as pb;
+
+/// The xattr through which a symlink's target is read (the protocol has no ReadLink RPC).
+pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
+
+/// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) router: Router,
+    pub(crate) cache: PathCache,
+    pub(crate) opts: ClientOptions,
+}
+
+/// Decodes the attributes a reply must carry.
+pub(crate) fn attr_of(a: Option<pb::Attr>) -> Result<Attr, TalonError> {
+    a.ok_or_else(|| TalonError::Invalid("reply without attributes".into()))?
+        .try_into()
+}
+
+/// Checks an entry name, mapping a bad one to its POSIX error.
+pub(crate) fn check_name(name: &[u8]) -> Result<(), TalonError> {
+    validate_name(name).map_err(|errno| {
+        TalonError::posix(
+            errno,
+            format!("bad name {:?}", String::from_utf8_lossy(name)),
+        )
+    })
+}
+
+/// The header of a request to `partition`.
+pub(crate) fn header(partition: u32, read: ReadKind, epoch: u64) -> Option<pb::RequestHeader> {
+    Some(match read {
+        ReadKind::RelaxedRead => pb::RequestHeader {
+            partition,
+            epoch: 0,
+            relaxed_read: true,
+        },
+        _ => pb::RequestHeader {
+            partition,
+            epoch,
+            relaxed_read: false,
+        },
+    })
+}
+
+/// The read kind for entries of a directory of class `class`.
+pub(crate) fn read_kind(class: Class) -> ReadKind {
+    match class {
+        Class::Strict => ReadKind::StrictRead,
+        Class::Relaxed => ReadKind::RelaxedRead,
+    }
+}
+
+fn time_set(t: Option<TimeSet>) -> (Option<pb::Timestamp>, bool) {
+    match t {
+        None => (None, false),
+        Some(TimeSet::Now) => (None, true),
+        Some(TimeSet::At(t)) => (Some(t.into()), false),
+    }
+}
+
+impl Client {
+    /// Connects to the cluster through any of `seeds` (`host:port`), fetching the cluster
+    /// map. Node channels connect lazily, on first use.
+    pub async fn connect(seeds: &[String], opts: ClientOptions) -> Result<Client, ClientError> {
+        let router = Router::connect(seeds, &opts).await?;
+        let map = router.map();
+        let ttl = opts.relaxed_ttl.unwrap_or(map.relaxed_staleness);
+        let cache = PathCache::new(map.epoch, ttl, opts.cache_capacity);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                router,
+                cache,
+                opts,
+            }),
+        })
+    }
+
+    pub(crate) fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    pub(crate) fn cache(&self) -> &PathCache {
+        &self.inner.cache
+    }
+
+    /// The options this client was made with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// The current cluster map.
+    pub fn cluster_map(&self) -> ClusterMap {
+        self.router().map()
+    }
+
+    /// The newest namespace epoch this client has seen.
+    pub fn epoch(&self) -> u64 {
+        self.cache().epoch()
+    }
+
+    /// The root directory's ino.
+    pub fn root(&self) -> Ino {
+        self.router().map().root_ino
+    }
+
+    /// Fetches the cluster map again (e.g. after the cluster changed).
+    pub async fn refresh_cluster_map(&self) -> Result<(), TalonError> {
+        let epoch = self.router().refresh_map().await?;
+        self.cache().observe_epoch(epoch);
+        Ok(())
+    }
+
+    /// Routes one RPC and records any epoch a `StaleEpoch` answer reveals.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        p: u32,
+        read: ReadKind,
+        f: F,
+    ) -> Result<T, TalonError>
+    where
+        F: Fn(pb::namespace_client::NamespaceClient<tonic::transport::Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let r = self.router().call(p, read, f).await;
+        if let Err(TalonError::StaleEpoch { epoch }) = &r {
+            self.cache().observe_epoch(*epoch);
+        }
+        r
+    }
+
+    /// Runs `f` with the client's epoch; after a `StaleEpoch` answer runs it once more with
+    /// the newer epoch (the cache has been dropped by then, so a path is resolved afresh).
+    pub(crate) async fn retry_stale<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = Result<T, TalonError>>,
+    {
+        match f(self.epoch()).await {
+            Err(TalonError::StaleEpoch { epoch }) => {
+                self.cache().observe_epoch(epoch);
+                f(self.epoch()).await
+            }
+            r => r,
+        }
+    }
+
+    /// The class of directory `dir`, from the cache or a strict `GetAttr`.
+    pub(crate) async fn dir_class(&self, dir: Ino) -> Result<Class, TalonError> {
+        if let Some(c) = self.cache().class_of(dir) {
+            return Ok(c);
+        }
+        let attr = self
+            .rpc_getattr(dir, ReadKind::StrictRead, self.epoch())
+            .await?;
+        if attr.kind != FileKind::Directory {
+            return Err(TalonError::posix(
+                Errno::ENOTDIR,
+                format!("inode {dir} is not a directory"),
+            ));
+        }
+        self.cache().set_class(dir, attr.class);
+        Ok(attr.class)
+    }
+
+    /// Runs entry operation `f` with `parent`'s class; on `WrongPartition` re-fetches the
+    /// class and runs it once more.
+    pub(crate) async fn with_parent_class<T, F, Fut>(
+        &self,
+        parent: Ino,
+        f: F,
+    ) -> Result<T, TalonError>
+    where
+        F: Fn(Class) -> Fut,
+        Fut: Future<Output = Result<T, TalonError>>,
+    {
+        let class = self.dir_class(parent).await?;
+        match f(class).await {
+            Err(TalonError::WrongPartition(m)) => {
+                tracing::debug!(%parent, "wrong partition ({m}); re-fetching the class");
+                self.cache().forget_class(parent);
+                let fresh = self.dir_class(parent).await?;
+                f(fresh).await
+            }
+            r => r,
+        }
+    }
+
+    fn partition_of(&self, parent: Ino, name: &[u8], class: Class) -> u32 {
+        entry_partition(parent, name, class, self.router().partitions())
+    }
+
+    // ----- raw RPCs: one request each, explicit class and epoch, no epoch retry -----
+
+    /// `Lookup`; returns the attributes and the epoch the answer is valid at.
+    pub(crate) async fn rpc_lookup(
+        &self,
+        parent: Ino,
+        class: Class,
+        name: &[u8],
+        read: ReadKind,
+        epoch: u64,
+    ) -> Result<(Attr, u64), TalonError> {
+        let p = self.partition_of(parent, name, class);
+        let req = pb::LookupRequest {
+            header: header(p, read, epoch),
+            parent: parent.0,
+            name: name.to_vec(),
+        };
+        let reply = self
+            .call(p, read, |mut c| {
+                let req = req.clone();
+                async move { c.lookup(req).await }
+            })
+            .await?;
+        self.cache().observe_epoch(reply.epoch);
+        Ok((attr_of(reply.attr)?, reply.epoch.max(epoch)))
+    }
+
+    pub(crate) async fn rpc_getattr(
+        &self,
+        ino: Ino,
+        read: ReadKind,
+        epoch: u64,
+    ) -> Result<Attr, TalonError> {
+        let p = ino.home();
+        let req = pb::GetAttrRequest {
+            header: header(p, read, epoch),
+            ino: ino.0,
+        };
+        let reply = self
+            .call(p, read, |mut c| async move { c.get_attr(req).await })
+            .await?;
+        attr_of(reply.attr)
+    }
+
+    pub(crate) fn create_request(
+        &self,
+        p: u32,
+        parent: Ino,
+        name: &[u8],
+        spec: &CreateSpec,
+        epoch: u64,
+    ) -> pb::CreateRequest {
+        pb::CreateRequest {
+            header: header(p, ReadKind::Write, epoch),
+            parent: parent.0,
+            name: name.to_vec(),
+            kind: pb::FileKind::from(spec.kind) as i32,
+            perm: spec.perm & 0o7777,
+            uid: self.inner.opts.uid,
+            gid: self.inner.opts.gid,
+            rdev: spec.rdev,
+            symlink_target: spec.symlink_target.clone(),
+            class: spec.class.map_or(
+                pb::ConsistencyClass::Unspecified,
+                pb::ConsistencyClass::from,
+            ) as i32,
+            exclusive: spec.exclusive,
+        }
+    }
+
+    pub(crate) fn check_spec(name: &[u8], spec: &CreateSpec) -> Result<(), TalonError> {
+        check_name(name)?;
+        if spec.kind == FileKind::Symlink {
+            validate_symlink_target(&spec.symlink_target)
+                .map_err(|e| TalonError::posix(e, "bad symlink target"))?;
+        }
+        Ok(())
+    }
+
+    /// `Create`; fills the cache with the new entry.
+    pub(crate) async fn rpc_create(
+        &self,
+        parent: Ino,
+        class: Class,
+        name: &[u8],
+        spec: &CreateSpec,
+        epoch: u64,
+    ) -> Result<(Attr, u64), TalonError> {
+        let p = self.partition_of(parent, name, class);
+        let req = self.create_request(p, parent, name, spec, epoch);
+        let reply = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.create(req).await }
+            })
+            .await?;
+        self.cache().observe_epoch(reply.epoch);
+        let attr = attr_of(reply.attr)?;
+        let stamp = reply.epoch.max(epoch);
+        self.cache()
+            .insert_dentry(parent, class, name, &attr, stamp);
+        Ok((attr, stamp))
+    }
+
+    pub(crate) async fn rpc_remove(
+        &self,
+        parent: Ino,
+        class: Class,
+        name: &[u8],
+        directory: bool,
+        epoch: u64,
+    ) -> Result<pb::RemoveReply, TalonError> {
+        let p = self.partition_of(parent, name, class);
+        let req = pb::RemoveRequest {
+            header: header(p, ReadKind::Write, epoch),
+            parent: parent.0,
+            name: name.to_vec(),
+            directory,
+        };
+        let r = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.remove(req).await }
+            })
+            .await;
+        // Whatever the answer, what this client believed about the name is in doubt.
+        self.cache().remove_dentry(parent, name);
+        let reply = r?;
+        if directory {
+            self.cache().forget_class(Ino(reply.ino));
+        }
+        Ok(reply)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn rpc_rename(
+        &self,
+        src_parent: Ino,
+        src_class: Class,
+        src_name: &[u8],
+        dst_parent: Ino,
+        dst_name: &[u8],
+        flags: RenameFlags,
+        epoch: u64,
+    ) -> Result<(), TalonError> {
+        let p = self.partition_of(src_parent, src_name, src_class);
+        let req = pb::RenameRequest {
+            header: header(p, ReadKind::Write, epoch),
+            src_parent: src_parent.0,
+            src_name: src_name.to_vec(),
+            dst_parent: dst_parent.0,
+            dst_name: dst_name.to_vec(),
+            flags: flags.bits(),
+        };
+        let r = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.rename(req).await }
+            })
+            .await;
+        self.cache().remove_dentry(src_parent, src_name);
+        self.cache().remove_dentry(dst_parent, dst_name);
+        let reply = r?;
+        self.cache().observe_epoch(reply.epoch);
+        Ok(())
+    }
+
+    pub(crate) async fn rpc_link(
+        &self,
+        ino: Ino,
+        new_parent: Ino,
+        class: Class,
+        new_name: &[u8],
+        epoch: u64,
+    ) -> Result<Attr, TalonError> {
+        let p = self.partition_of(new_parent, new_name, class);
+        let req = pb::LinkRequest {
+            header: header(p, ReadKind::Write, epoch),
+            ino: ino.0,
+            new_parent: new_parent.0,
+            new_name: new_name.to_vec(),
+        };
+        let reply = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.link(req).await }
+            })
+            .await?;
+        self.cache().observe_epoch(reply.epoch);
+        let attr = attr_of(reply.attr)?;
+        self.cache()
+            .insert_dentry(new_parent, class, new_name, &attr, reply.epoch.max(epoch));
+        Ok(attr)
+    }
+
+    // ----- inode-level API -----
+
+    /// Looks up `name` in directory `parent`. Entries of relaxed directories may be read
+    /// from any replica; entries of strict ones from the leader.
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, TalonError> {
+        check_name(name)?;
+        self.retry_stale(|epoch| {
+            self.with_parent_class(parent, move |class| async move {
+                let (attr, stamp) = self
+                    .rpc_lookup(parent, class, name, read_kind(class), epoch)
+                    .await?;
+                self.cache()
+                    .insert_dentry(parent, class, name, &attr, stamp);
+                Ok(attr)
+            })
+        })
+        .await
+    }
+
+    /// The attributes of `ino`, read linearizably from its home partition's leader.
+    pub async fn getattr(&self, ino: Ino) -> Result<Attr, TalonError> {
+        self.retry_stale(|epoch| self.rpc_getattr(ino, ReadKind::StrictRead, epoch))
+            .await
+    }
+
+    /// The attributes of `ino` from any replica of its home partition, possibly stale
+    /// within the cluster's staleness bound.
+    pub async fn getattr_relaxed(&self, ino: Ino) -> Result<Attr, TalonError> {
+        self.rpc_getattr(ino, ReadKind::RelaxedRead, 0).await
+    }
+
+    /// Changes the attributes named in `set`; returns the new attributes.
+    pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<Attr, TalonError> {
+        let p = ino.home();
+        self.retry_stale(|epoch| {
+            let (atime, atime_now) = time_set(set.atime);
+            let (mtime, mtime_now) = time_set(set.mtime);
+            let req = pb::SetAttrRequest {
+                header: header(p, ReadKind::Write, epoch),
+                ino: ino.0,
+                perm: set.perm.map(|m| m & 0o7777),
+                uid: set.uid,
+                gid: set.gid,
+                size: set.size,
+                atime,
+                mtime,
+                atime_now,
+                mtime_now,
+            };
+            async move {
+                let reply = self
+                    .call(
+                        p,
+                        ReadKind::Write,
+                        |mut c| async move { c.set_attr(req).await },
+                    )
+                    .await?;
+                attr_of(reply.attr)
+            }
+        })
+        .await
+    }
+
+    /// Creates `name` in `parent` as `spec` says.
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        spec: CreateSpec,
+    ) -> Result<Attr, TalonError> {
+        Self::check_spec(name, &spec)?;
+        let spec = &spec;
+        self.retry_stale(|epoch| {
+            self.with_parent_class(parent, move |class| async move {
+                Ok(self.rpc_create(parent, class, name, spec, epoch).await?.0)
+            })
+        })
+        .await
+    }
+
+    /// Removes `name` from `parent`: rmdir semantics when `directory`, unlink otherwise.
+    /// Returns the removed ino and its remaining link count.
+    pub async fn remove(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        directory: bool,
+    ) -> Result<(Ino, u32), TalonError> {
+        check_name(name)?;
+        let reply = self
+            .retry_stale(|epoch| {
+                self.with_parent_class(parent, move |class| {
+                    self.rpc_remove(parent, class, name, directory, epoch)
+                })
+            })
+            .await?;
+        Ok((Ino(reply.ino), reply.nlink))
+    }
+
+    /// Renames `src_name` in `src_parent` to `dst_name` in `dst_parent`, atomically, across
+    /// partitions if need be (never EXDEV).
+    pub async fn rename_entry(
+        &self,
+        src_parent: Ino,
+        src_name: &[u8],
+        dst_parent: Ino,
+        dst_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(), TalonError> {
+        check_name(src_name)?;
+        check_name(dst_name)?;
+        if flags.noreplace && flags.exchange {
+            return Err(TalonError::posix(
+                Errno::EINVAL,
+                "NOREPLACE and EXCHANGE together",
+            ));
+        }
+        self.retry_stale(|epoch| {
+            self.with_parent_class(src_parent, move |class| {
+                self.rpc_rename(
+                    src_parent, class, src_name, dst_parent, dst_name, flags, epoch,
+                )
+            })
+        })
+        .await
+    }
+
+    /// Adds hard link `new_name` in `new_parent` to `ino`; returns its attributes.
+    pub async fn link(
+        &self,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<Attr, TalonError> {
+        check_name(new_name)?;
+        self.retry_stale(|epoch| {
+            self.with_parent_class(new_parent, move |class| {
+                self.rpc_link(ino, new_parent, class, new_name, epoch)
+            })
+        })
+        .await
+    }
+
+    /// The value of xattr `name` of `ino` (ENODATA when absent).
+    pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
+        let p = ino.home();
+        self.retry_stale(|epoch| {
+            let req = pb::GetXattrRequest {
+                header: header(p, ReadKind::StrictRead, epoch),
+                ino: ino.0,
+                name: name.to_vec(),
+            };
+            async move {
+                let r = self
+                    .call(p, ReadKind::StrictRead, |mut c| {
+                        let req = req.clone();
+                        async move { c.get_xattr(req).await }
+                    })
+                    .await?;
+                Ok(r.value)
+            }
+        })
+        .await
+    }
+
+    /// Sets xattr `name` of `ino` to `value`.
+    pub async fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        flags: XattrFlags,
+    ) -> Result<(), TalonError> {
+        let p = ino.home();
+        self.retry_stale(|epoch| {
+            let req = pb::SetXattrRequest {
+                header: header(p, ReadKind::Write, epoch),
+                ino: ino.0,
+                name: name.to_vec(),
+                value: value.to_vec(),
+                flags: flags.bits(),
+            };
+            async move {
+                self.call(p, ReadKind::Write, |mut c| {
+                    let req = req.clone();
+                    async move { c.set_xattr(req).await }
+                })
+                .await?;
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    /// The names of `ino`'s xattrs.
+    pub async fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>, TalonError> {
+        let p = ino.home();
+        self.retry_stale(|epoch| {
+            let req = pb::ListXattrRequest {
+                header: header(p, ReadKind::StrictRead, epoch),
+                ino: ino.0,
+            };
+            async move {
+                let r = self
+                    .call(p, ReadKind::StrictRead, |mut c| async move {
+                        c.list_xattr(req).await
+                    })
+                    .await?;
+                Ok(r.names)
+            }
+        })
+        .await
+    }
+
+    /// Removes xattr `name` of `ino` (ENODATA when absent).
+    pub async fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), TalonError> {
+        let p = ino.home();
+        self.retry_stale(|epoch| {
+            let req = pb::RemoveXattrRequest {
+                header: header(p, ReadKind::Write, epoch),
+                ino: ino.0,
+                name: name.to_vec(),
+            };
+            async move {
+                self.call(p, ReadKind::Write, |mut c| {
+                    let req = req.clone();
+                    async move { c.remove_xattr(req).await }
+                })
+                .await?;
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    /// The target of symlink `ino`.
+    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>, TalonError> {
+        match self.getxattr(ino, SYMLINK_XATTR).await {
+            Err(TalonError::Posix {
+                errno: Errno::ENODATA,
+                ..
+            }) => Err(TalonError::posix(
+                Errno::EINVAL,
+                format!("inode {ino} is not a symlink"),
+            )),
+            r => r,
+        }
+    }
+
+    /// Sets the consistency class of directory `ino`; refused (ENOTEMPTY) unless it is empty.
+    pub async fn set_class(&self, ino: Ino, class: Class) -> Result<Attr, TalonError> {
+        let p = ino.home();
+        let attr = self
+            .retry_stale(|epoch| {
+                let req = pb::SetClassRequest {
+                    header: header(p, ReadKind::Write, epoch),
+                    ino: ino.0,
+                    class: pb::ConsistencyClass::from(class) as i32,
+                };
+                async move {
+                    let r = self
+                        .call(
+                            p,
+                            ReadKind::Write,
+                            |mut c| async move { c.set_class(req).await },
+                        )
+                        .await?;
+                    attr_of(r.attr)
+                }
+            })
+            .await;
+        // Cached paths through this directory carry the old class.
+        self.cache().clear();
+        match attr {
+            Ok(a) => {
+                self.cache().set_class(ino, a.class);
+                Ok(a)
+            }
+            Err(e) => {
+                self.cache().forget_class(ino);
+                Err(e)
+            }
+        }
+    }
+
+    /// Usage summed over every partition (each answered by any of its replicas).
+    pub async fn statfs(&self) -> Result<StatFs, TalonError> {
+        let mut calls: FuturesUnordered<_> = (0..self.router().partitions())
+            .map(|p| {
+                let req = pb::StatFsRequest {
+                    header: header(p, ReadKind::RelaxedRead, 0),
+                };
+                async move {
+                    self.call(p, ReadKind::RelaxedRead, |mut c| async move {
+                        c.stat_fs(req).await
+                    })
+                    .await
+                }
+            })
+            .collect();
+        let mut sum = StatFs::default();
+        while let Some(r) = calls.next().await {
+            let r = r?;
+            sum.inodes += r.inodes;
+            sum.bytes += r.bytes;
+            sum.entries += r.entries;
+        }
+        Ok(sum)
+    }
+
+    /// The status of every node in the cluster map, in node-id order. A node that does not
+    /// answer is reported with its error rather than failing the call.
+    pub async fn status(&self) -> Vec<NodeStatus> {
+        let mut nodes = self.router().map().nodes;
+        nodes.sort_by_key(|n| n.id);
+        let calls = nodes.into_iter().map(|n| async move {
+            let r = self
+                .router()
+                .call_node(
+                    n.id,
+                    |mut c| async move { c.status(pb::StatusRequest {}).await },
+                )
+                .await;
+            NodeStatus {
+                node_id: n.id,
+                addr: n.addr,
+                partitions: r.map(|s| s.partitions.into_iter().map(Into::into).collect()),
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+}

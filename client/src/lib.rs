@@ -1,0 +1,39 @@
+//! Talon's embedded client library and the `talon` command.
+//!
+//! A [`Client`] holds the cluster map and one lazily connected gRPC channel per node
+//! ([`router`]), a path-resolution cache invalidated by the namespace epoch and bounded by
+//! a TTL for relaxed paths ([`path_cache`]), and exposes two layers of operations:
+//!
+//! - inode-level calls that map one to one onto the namespace RPCs (for the FUSE mount),
+//!   such as [`Client::lookup`], [`Client::create`] and [`Client::readdir_page`];
+//! - path-level helpers that resolve `/a/b/c` through the cache, such as [`Client::stat`],
+//!   [`Client::mkdir`], [`Client::rename`] and [`Client::read_dir`].
+//!
+//! All operations return [`TalonError`]; a POSIX failure is `TalonError::Posix` with the
+//! errno a local file system would give. Only [`Client::connect`] has its own error type,
+//! [`ClientError`].
+
+pub mod batch;
+pub mod cli;
+pub mod client;
+pub mod cluster_map;
+pub mod dir;
+pub mod error;
+pub mod options;
+pub mod path;
+pub mod path_cache;
+pub mod paths;
+pub mod router;
+pub mod types;
+
+pub use client::Client;
+pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};
+pub use dir::{DirCursor, ReadDir};
+pub use error::ClientError;
+pub use options::ClientOptions;
+pub use router::ReadKind;
+pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+pub use types::{
+    CreateSpec, DirEntry, MkdirOptions, NodeStatus, PartitionStatus, RenameFlags, SetAttr, StatFs,
+    TimeSet, XattrFlags,
+};

@@ -1,0 +1,415 @@
+//! The path-resolution cache: what this client believes the namespace looks like, so that
+//! resolving `/imagenet/train/n01440764` is a memory lookup and a file operation is one RPC.
+//!
+//! Three tables, all lock-free maps:
+//!
+//! - dentries: `(parent ino, name) → attributes` of the entry;
+//! - directory paths: `/a/b → (ino, class)` for whole-path hits;
+//! - directory classes: `ino → class`, used to route entry operations. A directory's class
+//!   can only change while it is empty, and then no entry of it exists to misroute; a
+//!   `WrongPartition` answer still makes the client drop and re-fetch the class.
+//!
+//! Invariants that keep the cache safe:
+//!
+//! - **Epoch.** Every entry is stamped with the namespace epoch it was filled at. The cache
+//!   knows the newest epoch the client has seen (cluster map, replies, `StaleEpoch`); when
+//!   it grows, every older entry stops being served (and is dropped). Every directory
+//!   rename bumps the epoch on all partitions, and every write carries the client's epoch,
+//!   so a write through a stale path is refused by the server instead of landing under the
+//!   old directory.
+//! - **TTL.** An entry that involves a relaxed directory (its parent or itself is relaxed)
+//!   is served only for the relaxed TTL after it was filled. Entries between strict
+//!   directories live until an epoch change.
+//! - **What is cached.** Under a strict parent only directories are cached, and they are
+//!   used only to resolve intermediate components; the final component of a strict path is
+//!   always asked of the partition leader. Under a relaxed parent any entry may be cached,
+//!   and a relaxed stat may be answered from it within the TTL.
+//!
+//! The cache never talks to the network; the client decides what to fill and invalidate.
+
+use dashmap::DashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use talon_model::{Attr, Class, FileKind, Ino};
+
+/// Inserts between two capacity checks.
+const CAPACITY_CHECK_EVERY: usize = 1024;
+
+#[derive(Clone, Debug)]
+struct Stamped<T> {
+    value: T,
+    filled_at: Instant,
+    epoch: u64,
+    /// Whether the relaxed TTL bounds this entry.
+    expires: bool,
+}
+
+impl<T> Stamped<T> {
+    fn usable(&self, epoch: u64, ttl: Duration, now: Instant) -> bool {
+        self.epoch >= epoch && (!self.expires || now.duration_since(self.filled_at) < ttl)
+    }
+}
+
+/// A cached directory entry.
+#[derive(Clone, Debug)]
+pub struct CachedEntry {
+    /// The entry's attributes when it was filled.
+    pub attr: Attr,
+    /// The class of the directory holding it.
+    pub parent_class: Class,
+}
+
+impl CachedEntry {
+    /// True when a stat of this entry as the final path component may be answered from the
+    /// cache (relaxed on both sides).
+    pub fn serves_final_stat(&self) -> bool {
+        self.parent_class == Class::Relaxed && self.attr.class == Class::Relaxed
+    }
+}
+
+/// The client's path-resolution cache. See the module docs for its rules.
+pub struct PathCache {
+    dentries: DashMap<(Ino, Vec<u8>), Stamped<CachedEntry>>,
+    dirs: DashMap<Vec<u8>, Stamped<(Ino, Class)>>,
+    classes: DashMap<Ino, Class>,
+    epoch: AtomicU64,
+    ttl: Duration,
+    capacity: usize,
+    inserts: AtomicUsize,
+}
+
+impl PathCache {
+    /// An empty cache at namespace epoch `epoch`.
+    pub fn new(epoch: u64, ttl: Duration, capacity: usize) -> PathCache {
+        PathCache {
+            dentries: DashMap::new(),
+            dirs: DashMap::new(),
+            classes: DashMap::new(),
+            epoch: AtomicU64::new(epoch),
+            ttl,
+            capacity: capacity.max(16),
+            inserts: AtomicUsize::new(0),
+        }
+    }
+
+    /// The newest namespace epoch seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The relaxed TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Records epoch `e` seen in a reply or error. If it is newer than any seen before,
+    /// every entry filled at an older epoch is dropped; returns whether that happened.
+    pub fn observe_epoch(&self, e: u64) -> bool {
+        let prev = self.epoch.fetch_max(e, Ordering::AcqRel);
+        if e <= prev {
+            return false;
+        }
+        tracing::debug!(
+            from = prev,
+            to = e,
+            "namespace epoch advanced; dropping older entries"
+        );
+        self.dentries.retain(|_, v| v.epoch >= e);
+        self.dirs.retain(|_, v| v.epoch >= e);
+        true
+    }
+
+    /// The cached entry `name` of `parent`, if still usable.
+    pub fn dentry(&self, parent: Ino, name: &[u8]) -> Option<CachedEntry> {
+        self.dentry_at(parent, name, Instant::now())
+    }
+
+    fn dentry_at(&self, parent: Ino, name: &[u8], now: Instant) -> Option<CachedEntry> {
+        let key = (parent, name.to_vec());
+        let hit = self.dentries.get(&key)?;
+        if hit.usable(self.epoch(), self.ttl, now) {
+            return Some(hit.value.clone());
+        }
+        drop(hit);
+        self.dentries.remove(&key);
+        None
+    }
+
+    /// Caches entry `name` of `parent` as read or written at epoch `epoch`. Entries of a
+    /// strict parent are kept only when they are directories.
+    pub fn insert_dentry(
+        &self,
+        parent: Ino,
+        parent_class: Class,
+        name: &[u8],
+        attr: &Attr,
+        epoch: u64,
+    ) {
+        self.insert_dentry_at(parent, parent_class, name, attr, epoch, Instant::now())
+    }
+
+    fn insert_dentry_at(
+        &self,
+        parent: Ino,
+        parent_class: Class,
+        name: &[u8],
+        attr: &Attr,
+        epoch: u64,
+        now: Instant,
+    ) {
+        if attr.kind == FileKind::Directory {
+            self.classes.insert(attr.ino, attr.class);
+        }
+        if parent_class == Class::Strict && attr.kind != FileKind::Directory {
+            return;
+        }
+        if epoch < self.epoch() {
+            return;
+        }
+        let expires = parent_class == Class::Relaxed || attr.class == Class::Relaxed;
+        let value = CachedEntry {
+            attr: attr.clone(),
+            parent_class,
+        };
+        self.dentries.insert(
+            (parent, name.to_vec()),
+            Stamped {
+                value,
+                filled_at: now,
+                epoch,
+                expires,
+            },
+        );
+        self.note_insert();
+    }
+
+    /// Forgets entry `name` of `parent`.
+    pub fn remove_dentry(&self, parent: Ino, name: &[u8]) {
+        self.dentries.remove(&(parent, name.to_vec()));
+    }
+
+    /// The directory at full path `path`, if cached and usable.
+    pub fn dir(&self, path: &[u8]) -> Option<(Ino, Class)> {
+        self.dir_at(path, Instant::now())
+    }
+
+    fn dir_at(&self, path: &[u8], now: Instant) -> Option<(Ino, Class)> {
+        let hit = self.dirs.get(path)?;
+        if hit.usable(self.epoch(), self.ttl, now) {
+            return Some(hit.value);
+        }
+        drop(hit);
+        self.dirs.remove(path);
+        None
+    }
+
+    /// Caches directory `path` → `(ino, class)`. `relaxed_on_path` says whether any
+    /// directory on the way (or the directory itself) is relaxed, which bounds the entry by
+    /// the TTL.
+    pub fn insert_dir(
+        &self,
+        path: &[u8],
+        ino: Ino,
+        class: Class,
+        epoch: u64,
+        relaxed_on_path: bool,
+    ) {
+        self.insert_dir_at(path, ino, class, epoch, relaxed_on_path, Instant::now())
+    }
+
+    fn insert_dir_at(
+        &self,
+        path: &[u8],
+        ino: Ino,
+        class: Class,
+        epoch: u64,
+        relaxed_on_path: bool,
+        now: Instant,
+    ) {
+        self.classes.insert(ino, class);
+        if epoch < self.epoch() {
+            return;
+        }
+        let expires = relaxed_on_path || class == Class::Relaxed;
+        self.dirs.insert(
+            path.to_vec(),
+            Stamped {
+                value: (ino, class),
+                filled_at: now,
+                epoch,
+                expires,
+            },
+        );
+        self.note_insert();
+    }
+
+    /// Forgets directory path `path` and every cached path below it.
+    pub fn remove_dir_tree(&self, path: &[u8]) {
+        self.dirs.retain(|k, _| {
+            !(k.as_slice() == path
+                || (k.starts_with(path) && (path == b"/" || k.get(path.len()) == Some(&b'/'))))
+        });
+    }
+
+    /// The class of directory `ino`, if known.
+    pub fn class_of(&self, ino: Ino) -> Option<Class> {
+        self.classes.get(&ino).map(|c| *c)
+    }
+
+    /// Records the class of directory `ino`.
+    pub fn set_class(&self, ino: Ino, class: Class) {
+        self.classes.insert(ino, class);
+    }
+
+    /// Forgets the class of directory `ino` (after a `WrongPartition` answer, or its removal).
+    pub fn forget_class(&self, ino: Ino) {
+        self.classes.remove(&ino);
+    }
+
+    /// Drops the class table.
+    pub fn clear_classes(&self) {
+        self.classes.clear();
+    }
+
+    /// Drops everything but the class table.
+    pub fn clear(&self) {
+        self.dentries.clear();
+        self.dirs.clear();
+    }
+
+    /// Number of cached dentries and directory paths.
+    pub fn len(&self) -> (usize, usize) {
+        (self.dentries.len(), self.dirs.len())
+    }
+
+    fn note_insert(&self) {
+        if !self
+            .inserts
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(CAPACITY_CHECK_EVERY)
+        {
+            return;
+        }
+        let (epoch, ttl, now) = (self.epoch(), self.ttl, Instant::now());
+        if self.dentries.len() > self.capacity {
+            self.dentries.retain(|_, v| v.usable(epoch, ttl, now));
+            if self.dentries.len() > self.capacity / 2 {
+                self.dentries.clear();
+            }
+        }
+        if self.dirs.len() > self.capacity {
+            self.dirs.retain(|_, v| v.usable(epoch, ttl, now));
+            if self.dirs.len() > self.capacity / 2 {
+                self.dirs.clear();
+            }
+        }
+        if self.classes.len() > self.capacity {
+            self.classes.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use talon_model::Time;
+
+    fn attr(ino: u64, kind: FileKind, class: Class) -> Attr {
+        Attr {
+            ino: Ino(ino),
+            kind,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 1,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            crtime: Time::default(),
+            generation: 0,
+            class,
+            rdev: 0,
+            parent: Ino(0),
+        }
+    }
+
+    const TTL: Duration = Duration::from_millis(500);
+
+    #[test]
+    fn relaxed_entries_expire_after_the_ttl() {
+        let c = PathCache::new(1, TTL, 100);
+        let t0 = Instant::now();
+        let a = attr(10, FileKind::Regular, Class::Relaxed);
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"f", &a, 1, t0);
+        assert!(c.dentry_at(Ino(1), b"f", t0 + TTL / 2).is_some());
+        assert!(c.dentry_at(Ino(1), b"f", t0 + TTL).is_none());
+        // An expired entry is dropped on the way.
+        assert!(c.dentry_at(Ino(1), b"f", t0).is_none());
+    }
+
+    #[test]
+    fn strict_directories_do_not_expire_but_files_are_never_cached() {
+        let c = PathCache::new(1, TTL, 100);
+        let t0 = Instant::now();
+        let d = attr(11, FileKind::Directory, Class::Strict);
+        let f = attr(12, FileKind::Regular, Class::Strict);
+        c.insert_dentry_at(Ino(5), Class::Strict, b"d", &d, 1, t0);
+        c.insert_dentry_at(Ino(5), Class::Strict, b"f", &f, 1, t0);
+        let hit = c
+            .dentry_at(Ino(5), b"d", t0 + TTL * 100)
+            .expect("strict dir cached");
+        assert!(!hit.serves_final_stat());
+        assert!(c.dentry_at(Ino(5), b"f", t0).is_none());
+        assert_eq!(c.class_of(Ino(11)), Some(Class::Strict));
+    }
+
+    #[test]
+    fn a_newer_epoch_drops_older_entries() {
+        let c = PathCache::new(1, TTL, 100);
+        let t0 = Instant::now();
+        let d = attr(11, FileKind::Directory, Class::Strict);
+        c.insert_dentry_at(Ino(5), Class::Strict, b"d", &d, 1, t0);
+        c.insert_dir_at(b"/x/d", Ino(11), Class::Strict, 1, false, t0);
+        assert!(!c.observe_epoch(1));
+        assert!(c.dir_at(b"/x/d", t0).is_some());
+        assert!(c.observe_epoch(2));
+        assert_eq!(c.epoch(), 2);
+        assert!(c.dentry_at(Ino(5), b"d", t0).is_none());
+        assert!(c.dir_at(b"/x/d", t0).is_none());
+        // Fills stamped before the new epoch are not taken in.
+        c.insert_dir_at(b"/x/d", Ino(11), Class::Strict, 1, false, t0);
+        assert!(c.dir_at(b"/x/d", t0).is_none());
+        // The class table survives: classes only change on empty directories.
+        assert_eq!(c.class_of(Ino(11)), Some(Class::Strict));
+        // An older epoch never moves the cache backwards.
+        assert!(!c.observe_epoch(1));
+        assert_eq!(c.epoch(), 2);
+    }
+
+    #[test]
+    fn directory_paths_expire_when_relaxed_and_trees_are_removed_by_component() {
+        let c = PathCache::new(1, TTL, 100);
+        let t0 = Instant::now();
+        c.insert_dir_at(b"/a", Ino(2), Class::Relaxed, 1, true, t0);
+        c.insert_dir_at(b"/a/b", Ino(3), Class::Strict, 1, true, t0);
+        c.insert_dir_at(b"/ab", Ino(4), Class::Strict, 1, false, t0);
+        assert!(c.dir_at(b"/a/b", t0 + TTL).is_none());
+        assert!(c.dir_at(b"/ab", t0 + TTL * 10).is_some());
+        c.insert_dir_at(b"/a/b", Ino(3), Class::Strict, 1, true, t0);
+        c.remove_dir_tree(b"/a");
+        assert!(c.dir_at(b"/a", t0).is_none());
+        assert!(c.dir_at(b"/a/b", t0).is_none());
+        assert!(c.dir_at(b"/ab", t0).is_some());
+    }
+
+    #[test]
+    fn capacity_is_bounded() {
+        let c = PathCache::new(1, TTL, 16);
+        let a = attr(10, FileKind::Regular, Class::Relaxed);
+        for i in 0..(CAPACITY_CHECK_EVERY * 3) {
+            c.insert_dentry(Ino(1), Class::Relaxed, format!("f{i}").as_bytes(), &a, 1);
+        }
+        assert!(c.len().0 <= CAPACITY_CHECK_EVERY + 16);
+    }
+}

@@ -1,0 +1,412 @@
+//! Request routing: which node gets an RPC for a partition, and what to do when it says no.
+//!
+//! The router owns the cluster map, one lazily connected channel per node address, and a
+//! leader hint per partition. [`Router::call`] runs one logical request:
+//!
+//! - writes and strict reads go to the partition's hinted leader, or to its replicas in
+//!   turn while no leader is known; relaxed reads go to any replica, round-robin;
+//! - `NotLeader` switches to the named leader at once (or to the next replica);
+//!   `Unavailable` and transport failures move to the next replica after a short backoff;
+//!   `Retry` backs off (5 ms doubling to 200 ms) and asks again; `WrongPartition` refreshes
+//!   the cluster map once and asks again;
+//! - `StaleEpoch`, POSIX and `Invalid` answers return to the caller at once: the router does
+//!   not know how to re-resolve a path;
+//! - everything is bounded by the operation deadline (`ClientOptions::op_timeout`), after
+//!   which the last error is returned.
+//!
+//! A write whose connection broke mid-flight may have been applied; the router still sends
+//! it again elsewhere (the protocol has no request ids yet), so a retried create can answer
+//! EEXIST for the file it created itself.
+
+use crate::cluster_map::ClusterMap;
+use crate::error::ClientError;
+use crate::options::ClientOptions;
+use dashmap::DashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use talon_model::TalonError;
+use talon_proto::v1 as pb;
+use talon_proto::v1::namespace_client::NamespaceClient;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+/// First pause after a `Retry` or an unreachable replica.
+const BACKOFF_START: Duration = Duration::from_millis(5);
+/// Longest pause between two attempts.
+const BACKOFF_CAP: Duration = Duration::from_millis(200);
+/// Redirects followed in a row before the router starts pausing between them (two nodes
+/// that each name the other as leader during an election must not spin).
+const FREE_REDIRECTS: u32 = 3;
+
+/// How a request may be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadKind {
+    /// A mutation: only the leader may serve it.
+    Write,
+    /// A linearizable read: the leader serves it after confirming leadership.
+    StrictRead,
+    /// A read any replica may serve within the staleness bound.
+    RelaxedRead,
+}
+
+/// The cluster map plus the leader hints learnt since it was fetched.
+struct MapState {
+    map: ClusterMap,
+    /// Leader node id per partition; 0 = unknown.
+    leaders: Vec<AtomicU64>,
+}
+
+impl MapState {
+    fn new(map: ClusterMap) -> MapState {
+        let leaders = map
+            .partition_info
+            .iter()
+            .map(|p| AtomicU64::new(p.leader_hint.unwrap_or(0)))
+            .collect();
+        MapState { map, leaders }
+    }
+
+    fn leader(&self, p: u32) -> Option<u64> {
+        let id = self.leaders.get(p as usize)?.load(Ordering::Relaxed);
+        (id != 0).then_some(id)
+    }
+
+    fn set_leader(&self, p: u32, id: u64) {
+        if let Some(l) = self.leaders.get(p as usize) {
+            l.store(id, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Routes RPCs to partition replicas and retries them by the policy above.
+pub struct Router {
+    seeds: Vec<String>,
+    state: RwLock<Arc<MapState>>,
+    channels: DashMap<String, Channel>,
+    /// Spreads relaxed reads over replicas.
+    round_robin: AtomicUsize,
+    /// Serialises cluster-map refreshes so a burst of WrongPartition answers fetches once.
+    refresh: tokio::sync::Mutex<()>,
+    opts: ClientOptions,
+}
+
+fn endpoint(addr: &str, opts: &ClientOptions) -> Result<Endpoint, String> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(uri)
+        .map_err(|e| e.to_string())
+        .map(|e| {
+            e.connect_timeout(opts.connect_timeout)
+                .timeout(opts.request_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_while_idle(true)
+        })
+}
+
+impl Router {
+    /// Fetches the cluster map from the first seed that answers and returns a router over it.
+    pub async fn connect(seeds: &[String], opts: &ClientOptions) -> Result<Router, ClientError> {
+        let seeds: Vec<String> = seeds
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.strip_prefix("http://").unwrap_or(s).to_string())
+            .collect();
+        if seeds.is_empty() {
+            return Err(ClientError::NoSeeds);
+        }
+        for s in &seeds {
+            endpoint(s, opts).map_err(|reason| ClientError::BadAddress {
+                addr: s.clone(),
+                reason,
+            })?;
+        }
+        let channels = DashMap::new();
+        let mut last = TalonError::Unavailable("no seed tried".into());
+        let deadline = Instant::now() + opts.op_timeout;
+        // A freshly started cluster may not have elected partition 0's leader yet, and the
+        // map lives there: keep asking the seeds until the deadline.
+        let mut backoff = BACKOFF_START;
+        loop {
+            for s in &seeds {
+                let ch = Self::channel_in(&channels, s, opts);
+                match fetch_map(ch).await {
+                    Ok(map) => {
+                        return Ok(Router {
+                            seeds,
+                            state: RwLock::new(Arc::new(MapState::new(map))),
+                            channels,
+                            round_robin: AtomicUsize::new(rand::random::<u32>() as usize),
+                            refresh: tokio::sync::Mutex::new(()),
+                            opts: opts.clone(),
+                        });
+                    }
+                    Err(TalonError::Invalid(m)) => return Err(ClientError::BadClusterMap(m)),
+                    Err(e) => last = e,
+                }
+            }
+            if Instant::now() + backoff > deadline {
+                return Err(ClientError::Unreachable {
+                    seeds: seeds.join(","),
+                    last,
+                });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_CAP);
+        }
+    }
+
+    fn channel_in(
+        channels: &DashMap<String, Channel>,
+        addr: &str,
+        opts: &ClientOptions,
+    ) -> Channel {
+        if let Some(c) = channels.get(addr) {
+            return c.clone();
+        }
+        // Addresses come from the seeds (checked in `connect`) or from a validated map; a
+        // malformed one still must not panic, so it maps to a channel that fails on use.
+        let ch = match endpoint(addr, opts) {
+            Ok(e) => e.connect_lazy(),
+            Err(_) => Endpoint::from_static("http://invalid.invalid:1").connect_lazy(),
+        };
+        channels.entry(addr.to_string()).or_insert(ch).clone()
+    }
+
+    fn channel(&self, addr: &str) -> Channel {
+        Self::channel_in(&self.channels, addr, &self.opts)
+    }
+
+    fn state(&self) -> Arc<MapState> {
+        match self.state.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The current cluster map.
+    pub fn map(&self) -> ClusterMap {
+        self.state().map.clone()
+    }
+
+    /// Number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.state().map.partitions
+    }
+
+    /// The operation deadline.
+    pub fn op_timeout(&self) -> Duration {
+        self.opts.op_timeout
+    }
+
+    /// The leader hint of partition `p`, if any.
+    pub fn leader_hint(&self, p: u32) -> Option<u64> {
+        self.state().leader(p)
+    }
+
+    /// Fetches the cluster map again, from any known node or seed, and installs it. Returns
+    /// the new map's epoch.
+    pub async fn refresh_map(&self) -> Result<u64, TalonError> {
+        let before = self.state();
+        let _guard = self.refresh.lock().await;
+        let now = self.state();
+        if !Arc::ptr_eq(&before, &now) {
+            // Someone else refreshed while we waited.
+            return Ok(now.map.epoch);
+        }
+        let mut addrs: Vec<String> = now.map.nodes.iter().map(|n| n.addr.clone()).collect();
+        for s in &self.seeds {
+            if !addrs.contains(s) {
+                addrs.push(s.clone());
+            }
+        }
+        let mut last = TalonError::Unavailable("no node to ask for the cluster map".into());
+        for a in addrs {
+            match fetch_map(self.channel(&a)).await {
+                Ok(map) => {
+                    let epoch = map.epoch;
+                    let fresh = Arc::new(MapState::new(map));
+                    // Keep leader hints the new map does not know.
+                    for p in 0..fresh.leaders.len() as u32 {
+                        if fresh.leader(p).is_none() {
+                            if let Some(l) = now.leader(p) {
+                                if fresh.map.replicas(p).contains(&l) {
+                                    fresh.set_leader(p, l);
+                                }
+                            }
+                        }
+                    }
+                    match self.state.write() {
+                        Ok(mut s) => *s = fresh,
+                        Err(poisoned) => *poisoned.into_inner() = fresh,
+                    }
+                    return Ok(epoch);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Sends one RPC to node `id` without routing or retries (used for `Status`).
+    pub async fn call_node<T, F, Fut>(&self, id: u64, f: F) -> Result<T, TalonError>
+    where
+        F: FnOnce(NamespaceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let state = self.state();
+        let node = state
+            .map
+            .node(id)
+            .ok_or_else(|| TalonError::Invalid(format!("no node {id} in the cluster map")))?;
+        let client = NamespaceClient::new(self.channel(&node.addr));
+        match tokio::time::timeout(self.opts.request_timeout, f(client)).await {
+            Ok(r) => r.map(|r| r.into_inner()).map_err(TalonError::from),
+            Err(_) => Err(TalonError::Unavailable(format!(
+                "node {id} did not answer in time"
+            ))),
+        }
+    }
+
+    /// Runs one request for partition `partition` with the retry policy in the module docs.
+    /// `f` is called once per attempt with a client for the chosen node.
+    pub async fn call<T, F, Fut>(
+        &self,
+        partition: u32,
+        read: ReadKind,
+        f: F,
+    ) -> Result<T, TalonError>
+    where
+        F: Fn(NamespaceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.opts.op_timeout;
+        let mut backoff = BACKOFF_START;
+        let mut refreshed = false;
+        let mut redirects = 0u32;
+        // The node to try next, when a previous answer named one.
+        let mut next: Option<u64> = None;
+        // Position in the replica list for leaderless / relaxed rotation.
+        let mut turn = match read {
+            ReadKind::RelaxedRead => self.round_robin.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        let mut last = TalonError::Unavailable(format!("partition {partition}: no attempt made"));
+        loop {
+            let state = self.state();
+            let replicas = state.map.replicas(partition);
+            if replicas.is_empty() {
+                return Err(TalonError::Invalid(format!(
+                    "partition {partition} is not in the cluster map ({} partitions)",
+                    state.map.partitions
+                )));
+            }
+            let node_id = match (next.take(), read) {
+                (Some(n), _) => n,
+                (None, ReadKind::RelaxedRead) => replicas[turn % replicas.len()],
+                (None, _) => match state.leader(partition) {
+                    Some(l) => l,
+                    None => replicas[turn % replicas.len()],
+                },
+            };
+            let Some(node) = state.map.node(node_id) else {
+                // A hint naming a node the map does not know: forget it.
+                state.set_leader(partition, 0);
+                turn += 1;
+                continue;
+            };
+            let client = NamespaceClient::new(self.channel(&node.addr));
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let outcome = match tokio::time::timeout(remaining, f(client)).await {
+                Ok(r) => r,
+                Err(_) => return Err(last),
+            };
+            let err = match outcome {
+                Ok(reply) => {
+                    if read != ReadKind::RelaxedRead {
+                        state.set_leader(partition, node_id);
+                    }
+                    return Ok(reply.into_inner());
+                }
+                Err(status) => TalonError::from(status),
+            };
+            let pause = match &err {
+                TalonError::NotLeader {
+                    leader_id,
+                    leader_addr,
+                    ..
+                } => {
+                    let hinted = leader_addr
+                        .as_deref()
+                        .and_then(|a| state.map.node_by_addr(a))
+                        .map(|n| n.id)
+                        .or(*leader_id)
+                        .filter(|id| *id != node_id && replicas.contains(id));
+                    match hinted {
+                        Some(l) => {
+                            state.set_leader(partition, l);
+                            next = Some(l);
+                            redirects += 1;
+                            if redirects > FREE_REDIRECTS {
+                                Some(backoff)
+                            } else {
+                                None
+                            }
+                        }
+                        None => {
+                            // An election is under way: try the next replica shortly.
+                            state.set_leader(partition, 0);
+                            turn = replicas.iter().position(|r| *r == node_id).unwrap_or(turn) + 1;
+                            Some(backoff)
+                        }
+                    }
+                }
+                TalonError::Unavailable(_) => {
+                    if state.leader(partition) == Some(node_id) {
+                        state.set_leader(partition, 0);
+                    }
+                    turn = replicas.iter().position(|r| *r == node_id).unwrap_or(turn) + 1;
+                    Some(backoff)
+                }
+                TalonError::Retry(_) => {
+                    next = Some(node_id);
+                    Some(backoff)
+                }
+                TalonError::WrongPartition(_) if !refreshed => {
+                    refreshed = true;
+                    if let Err(e) = self.refresh_map().await {
+                        tracing::debug!(partition, error = %e, "cluster map refresh failed");
+                    }
+                    None
+                }
+                _ => return Err(err),
+            };
+            tracing::trace!(partition, node = node_id, error = %err, "retrying");
+            last = err;
+            if let Some(p) = pause {
+                if Instant::now() + p >= deadline {
+                    return Err(last);
+                }
+                tokio::time::sleep(p).await;
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+            } else if Instant::now() >= deadline {
+                return Err(last);
+            }
+        }
+    }
+}
+
+async fn fetch_map(ch: Channel) -> Result<ClusterMap, TalonError> {
+    let mut client = NamespaceClient::new(ch);
+    let reply = client
+        .get_cluster_map(pb::ClusterMapRequest {})
+        .await
+        .map_err(TalonError::from)?;
+    ClusterMap::try_from(reply.into_inner())
+}
