@@ -1,0 +1,699 @@
+//! Deterministic application of commands to a partition's state.
+//!
+//! `Applier` runs over a `View`: the RocksDB instance plus the writes staged by earlier
+//! commands of the same apply call, plus this command's own staged writes. A command
+//! either succeeds and its writes join the call's batch, or fails and its writes are
+//! dropped; the caller writes the whole batch, with the applied log id, in one RocksDB
+//! WriteBatch. Apply reads nothing but the state and the command, so replicas agree.
+//!
+//! Invariants kept here:
+//! - a dentry or inode key locked by a prepared transaction changes only through that
+//!   transaction's `Finish`;
+//! - an rmdir fence (`F` ‖ dir) blocks creates under the directory until the rmdir ends;
+//! - a tombstoned directory never gets a child again;
+//! - inos come from the partition's counter, which only grows.
+
+use crate::keys::{self, meta};
+use crate::types::{
+    ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
+};
+use rocksdb::DB;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::collections::BTreeMap;
+use talon_model::{Attr, Class, Errno, FileKind, Ino, Time};
+
+/// A directory entry's value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dentry {
+    /// The inode it names.
+    pub ino: Ino,
+    /// The inode's kind, so readdir needs no inode read.
+    pub kind: FileKind,
+}
+
+/// An inode record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeRec {
+    /// Attributes.
+    pub attr: Attr,
+    /// Symlink target; empty for other kinds.
+    pub symlink: Vec<u8>,
+}
+
+/// A prepared transaction's record on a participant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedRec {
+    /// The ops to apply at commit.
+    pub ops: Vec<Op>,
+    /// Inos allocated at prepare for the ops' `NewInode`s.
+    pub new_inos: Vec<Ino>,
+    /// Lock keys held.
+    pub locks: Vec<Vec<u8>>,
+    /// Proposal time (leader wall clock, ms), for recovery of stale intents.
+    pub at_ms: u64,
+}
+
+/// Storage failures and corrupt records: the node cannot go on applying.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    /// RocksDB failed.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A stored record does not decode.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// Encodes a value for storage.
+pub fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    // bincode of our own plain structs cannot fail (no maps with non-string keys issue,
+    // no unsized sequences); an empty value would be caught by the decoder on read.
+    bincode::serialize(v).unwrap_or_default()
+}
+
+/// Decodes a stored value.
+pub fn dec<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T, Fatal> {
+    bincode::deserialize(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
+}
+
+/// Staged writes: key → Some(value) to put, None to delete.
+pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The state as a command sees it: DB, then the call's staged writes, then its own.
+pub struct View<'a> {
+    db: &'a DB,
+    base: &'a Overlay,
+    own: Overlay,
+}
+
+impl<'a> View<'a> {
+    /// A view over `db` with `base` staged.
+    pub fn new(db: &'a DB, base: &'a Overlay) -> View<'a> {
+        View { db, base, own: Overlay::new() }
+    }
+
+    /// Reads a key.
+    pub fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
+        if let Some(v) = self.own.get(k) {
+            return Ok(v.clone());
+        }
+        if let Some(v) = self.base.get(k) {
+            return Ok(v.clone());
+        }
+        Ok(self.db.get(k)?)
+    }
+
+    fn staged(&self, k: &[u8]) -> Option<&Option<Vec<u8>>> {
+        self.own.get(k).or_else(|| self.base.get(k))
+    }
+
+    /// True if any live key starts with `prefix`.
+    pub fn prefix_any(&self, prefix: &[u8]) -> Result<bool, Fatal> {
+        for ov in [&self.own, &self.base] {
+            let hit = ov
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .any(|(k, v)| v.is_some() && self.staged(k).is_some_and(|s| s.is_some()));
+            if hit {
+                return Ok(true);
+            }
+        }
+        let mut it = self.db.raw_iterator();
+        it.seek(prefix);
+        while let Some(k) = it.key() {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            match self.staged(k) {
+                Some(None) => {}
+                _ => return Ok(true),
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(false)
+    }
+
+    /// Stages a put.
+    pub fn put(&mut self, k: Vec<u8>, v: Vec<u8>) {
+        self.own.insert(k, Some(v));
+    }
+
+    /// Stages a delete.
+    pub fn del(&mut self, k: Vec<u8>) {
+        self.own.insert(k, None);
+    }
+
+    /// Keys with `prefix`, staged writes included (small prefixes only: xattrs, locks).
+    pub fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, Fatal> {
+        let mut out = std::collections::BTreeSet::new();
+        let mut it = self.db.raw_iterator();
+        it.seek(prefix);
+        while let Some(k) = it.key() {
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.insert(k.to_vec());
+            it.next();
+        }
+        it.status()?;
+        for ov in [self.base, &self.own] {
+            for (k, _) in ov.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
+                out.insert(k.clone());
+            }
+        }
+        let mut keys = Vec::new();
+        for k in out {
+            if self.get(&k)?.is_some() {
+                keys.push(k);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The command's staged writes.
+    pub fn into_writes(self) -> Overlay {
+        self.own
+    }
+
+    /// Reads a u64 counter in partition metadata.
+    pub fn counter(&self, k: &[u8]) -> Result<u64, Fatal> {
+        Ok(match self.get(k)? {
+            Some(b) => u64::from_le_bytes(
+                b.as_slice().try_into().map_err(|_| Fatal::Corrupt("counter".into()))?,
+            ),
+            None => 0,
+        })
+    }
+
+    fn set_counter(&mut self, k: &[u8], v: u64) {
+        self.put(k.to_vec(), v.to_le_bytes().to_vec());
+    }
+
+    fn add_counter(&mut self, k: &[u8], d: i64) -> Result<(), Fatal> {
+        let v = self.counter(k)?;
+        self.set_counter(k, v.saturating_add_signed(d));
+        Ok(())
+    }
+
+    /// Reads a dentry.
+    pub fn dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>, Fatal> {
+        self.get(&keys::dentry(parent, name))?.map(|b| dec(&b, "dentry")).transpose()
+    }
+
+    /// Reads an inode.
+    pub fn inode(&self, ino: Ino) -> Result<Option<InodeRec>, Fatal> {
+        self.get(&keys::inode(ino))?.map(|b| dec(&b, "inode")).transpose()
+    }
+
+    fn locked(&self, key: &[u8]) -> Result<Option<TxId>, Fatal> {
+        self.get(&keys::lock(key))?.map(|b| dec(&b, "lock")).transpose()
+    }
+}
+
+/// The keys a prepared op list locks.
+pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for op in ops {
+        let k = match op {
+            Op::ExpectDentry { parent, name, .. }
+            | Op::PutDentry { parent, name, .. }
+            | Op::DelDentry { parent, name } => keys::dentry(*parent, name),
+            Op::ExpectEmpty(dir) | Op::Tombstone(dir) => keys::fence(*dir),
+            Op::ExpectInode { ino, .. }
+            | Op::AdjustInode { ino, .. }
+            | Op::DropInode(ino)
+            | Op::SetAttr { ino, .. }
+            | Op::Xattr { ino, .. } => keys::inode(*ino),
+            Op::SetClass { dir, .. } => keys::inode(*dir),
+            Op::BumpEpoch(_) => keys::EPOCH_LOCK.to_vec(),
+            Op::ExpectEpoch(_)
+            | Op::ExpectDirLive { .. }
+            | Op::NewInode { .. }
+            | Op::Relearn { .. }
+            | Op::TouchDir { .. } => continue,
+        };
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// Applies commands of one partition.
+pub struct Applier {
+    /// The partition this state machine belongs to.
+    pub partition: u32,
+}
+
+fn posix(errno: Errno, msg: impl Into<String>) -> ApplyError {
+    ApplyError::posix(errno, msg)
+}
+
+fn name_str(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Applier {
+    /// Applies one command; its writes are staged into `batch` only if it succeeds.
+    pub fn apply(
+        &self,
+        db: &DB,
+        batch: &mut Overlay,
+        cmd: &Command,
+    ) -> Result<CommandResult, Fatal> {
+        if let Command::Batch(cmds) = cmd {
+            let mut out = Vec::with_capacity(cmds.len());
+            for c in cmds {
+                out.push(self.apply(db, batch, c)?);
+            }
+            return Ok(CommandResult::Batch(out));
+        }
+        let mut view = View::new(db, batch);
+        let res = self.apply_one(&mut view, cmd)?;
+        if !matches!(res, CommandResult::Failed(_)) {
+            let writes = view.into_writes();
+            batch.extend(writes);
+        }
+        Ok(res)
+    }
+
+    fn apply_one(&self, v: &mut View<'_>, cmd: &Command) -> Result<CommandResult, Fatal> {
+        match cmd {
+            Command::Noop | Command::Batch(_) => Ok(CommandResult::None),
+            Command::Atomic(ops) => {
+                if let Err(e) = self.check(v, ops, None)? {
+                    return Ok(CommandResult::Failed(e));
+                }
+                let new_inos = self.allocate(v, ops)?;
+                let out = self.mutate(v, ops, &new_inos)?;
+                Ok(match out {
+                    Ok(o) => CommandResult::Applied(o),
+                    Err(e) => CommandResult::Failed(e),
+                })
+            }
+            Command::Prepare { txid, ops, at_ms } => {
+                let pk = keys::prepared(*txid);
+                if let Some(b) = v.get(&pk)? {
+                    // A retried prepare: answer as the first time.
+                    let rec: PreparedRec = dec(&b, "prepared")?;
+                    let epoch = v.counter(meta::EPOCH)?;
+                    return Ok(CommandResult::Prepared { new_inos: rec.new_inos, epoch });
+                }
+                if v.get(&keys::decision(*txid))?.is_some() && txid.coordinator == self.partition
+                {
+                    // Already decided here (recovery aborted it): refuse a late prepare.
+                    return Ok(CommandResult::Failed(ApplyError::Locked(format!(
+                        "transaction {txid} already decided"
+                    ))));
+                }
+                if let Err(e) = self.check(v, ops, Some(*txid))? {
+                    return Ok(CommandResult::Failed(e));
+                }
+                let new_inos = self.allocate(v, ops)?;
+                let locks = lock_keys(ops);
+                for k in &locks {
+                    v.put(keys::lock(k), enc(txid));
+                }
+                let rec = PreparedRec { ops: ops.clone(), new_inos: new_inos.clone(), locks, at_ms: *at_ms };
+                v.put(pk, enc(&rec));
+                let epoch = v.counter(meta::EPOCH)?;
+                Ok(CommandResult::Prepared { new_inos, epoch })
+            }
+            Command::Decide { txid, commit } => {
+                let dk = keys::decision(*txid);
+                if let Some(b) = v.get(&dk)? {
+                    return Ok(CommandResult::Decided(b.first() == Some(&1)));
+                }
+                v.put(dk, vec![u8::from(*commit)]);
+                Ok(CommandResult::Decided(*commit))
+            }
+            Command::Finish { txid, commit } => {
+                let pk = keys::prepared(*txid);
+                let Some(b) = v.get(&pk)? else {
+                    return Ok(CommandResult::Applied(Outcome {
+                        epoch: v.counter(meta::EPOCH)?,
+                        ..Outcome::default()
+                    }));
+                };
+                let rec: PreparedRec = dec(&b, "prepared")?;
+                for k in &rec.locks {
+                    v.del(keys::lock(k));
+                }
+                v.del(pk);
+                if !commit {
+                    return Ok(CommandResult::Applied(Outcome {
+                        epoch: v.counter(meta::EPOCH)?,
+                        ..Outcome::default()
+                    }));
+                }
+                // Preconditions held at prepare and the locks kept them true.
+                match self.mutate(v, &rec.ops, &rec.new_inos)? {
+                    Ok(o) => Ok(CommandResult::Applied(o)),
+                    Err(e) => Err(Fatal::Corrupt(format!(
+                        "prepared transaction {txid} failed at commit: {e:?}"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Checks preconditions and locks. `Ok(Err(_))` is a refusal; `Err(_)` is fatal.
+    fn check(
+        &self,
+        v: &View<'_>,
+        ops: &[Op],
+        txid: Option<TxId>,
+    ) -> Result<Result<(), ApplyError>, Fatal> {
+        let held_by_other = |t: Option<TxId>| t.is_some() && t != txid;
+        for k in lock_keys(ops) {
+            if let Some(t) = v.locked(&k)? {
+                if Some(t) != txid {
+                    return Ok(Err(ApplyError::Locked(format!("key held by transaction {t}"))));
+                }
+            }
+        }
+        for op in ops {
+            match op {
+                Op::ExpectEpoch(e) => {
+                    let cur = v.counter(meta::EPOCH)?;
+                    if *e != 0 && *e < cur {
+                        return Ok(Err(ApplyError::StaleEpoch(cur)));
+                    }
+                }
+                Op::ExpectDirLive { dir, learn, .. } => {
+                    if v.get(&keys::tombstone(*dir))?.is_some() {
+                        return Ok(Err(posix(Errno::ENOENT, format!("directory {dir} was removed"))));
+                    }
+                    if held_by_other(v.locked(&keys::fence(*dir))?) {
+                        return Ok(Err(ApplyError::Locked(format!("directory {dir} is being removed"))));
+                    }
+                    if dir.home() == self.partition {
+                        match v.inode(*dir)? {
+                            None => return Ok(Err(posix(Errno::ENOENT, format!("no directory {dir}")))),
+                            Some(r) if r.attr.kind != FileKind::Directory => {
+                                return Ok(Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory"))))
+                            }
+                            Some(_) => {}
+                        }
+                    } else if !learn && v.get(&keys::live_dir(*dir))?.is_none() {
+                        return Ok(Err(ApplyError::Invalid(format!(
+                            "directory {dir} unknown on partition {}",
+                            self.partition
+                        ))));
+                    }
+                }
+                Op::ExpectDentry { parent, name, expect } => {
+                    let cur = v.dentry(*parent, name)?;
+                    match (expect, cur) {
+                        (Expect::Absent, Some(_)) => {
+                            return Ok(Err(posix(Errno::EEXIST, format!("{} exists", name_str(name)))))
+                        }
+                        (Expect::Ino(_), None) => {
+                            return Ok(Err(posix(Errno::ENOENT, format!("no entry {}", name_str(name)))))
+                        }
+                        (Expect::Ino(i), Some(d)) if d.ino != *i => {
+                            return Ok(Err(ApplyError::Locked(format!(
+                                "entry {} changed under the operation",
+                                name_str(name)
+                            ))))
+                        }
+                        _ => {}
+                    }
+                }
+                Op::ExpectEmpty(dir) => {
+                    if v.prefix_any(&keys::lock(&keys::dentry_prefix(*dir)))? {
+                        return Ok(Err(ApplyError::Locked(format!(
+                            "an entry of directory {dir} is being changed"
+                        ))));
+                    }
+                    if v.prefix_any(&keys::dentry_prefix(*dir))? {
+                        return Ok(Err(posix(Errno::ENOTEMPTY, "directory not empty")));
+                    }
+                }
+                Op::ExpectInode { ino, kind } => match (v.inode(*ino)?, kind) {
+                    (None, _) => return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}")))),
+                    (Some(r), Some(k)) if r.attr.kind != *k => {
+                        let errno = if *k == FileKind::Directory {
+                            Errno::ENOTDIR
+                        } else if r.attr.kind == FileKind::Directory {
+                            Errno::EISDIR
+                        } else {
+                            Errno::EINVAL
+                        };
+                        return Ok(Err(posix(errno, format!("inode {ino} is a {:?}", r.attr.kind))));
+                    }
+                    _ => {}
+                },
+                Op::SetAttr { ino, change, .. } => match v.inode(*ino)? {
+                    None => return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}")))),
+                    Some(r) if change.size.is_some() && r.attr.kind == FileKind::Directory => {
+                        return Ok(Err(posix(Errno::EISDIR, "cannot set the size of a directory")))
+                    }
+                    Some(r) if change.size.is_some() && r.attr.kind != FileKind::Regular => {
+                        return Ok(Err(posix(Errno::EINVAL, "size of a special file")))
+                    }
+                    _ => {}
+                },
+                Op::Xattr { ino, name, value, flags, .. } => {
+                    if v.inode(*ino)?.is_none() {
+                        return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
+                    }
+                    let exists = v.get(&keys::xattr(*ino, name))?.is_some();
+                    if value.is_some() && flags & 1 != 0 && exists {
+                        return Ok(Err(posix(Errno::EEXIST, "xattr exists")));
+                    }
+                    if (value.is_none() || flags & 2 != 0) && !exists {
+                        return Ok(Err(posix(Errno::ENODATA, "no such xattr")));
+                    }
+                }
+                Op::AdjustInode { ino, .. } | Op::DropInode(ino) | Op::SetClass { dir: ino, .. } => {
+                    if v.inode(*ino)?.is_none() {
+                        return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
+                    }
+                }
+                Op::NewInode { .. }
+                | Op::PutDentry { .. }
+                | Op::DelDentry { .. }
+                | Op::Relearn { .. }
+                | Op::Tombstone(_)
+                | Op::BumpEpoch(_)
+                | Op::TouchDir { .. } => {}
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    fn allocate(&self, v: &mut View<'_>, ops: &[Op]) -> Result<Vec<Ino>, Fatal> {
+        let n = ops.iter().filter(|o| matches!(o, Op::NewInode { .. })).count();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // Counter 0 is never used; 1 on partition 0 is the root.
+        let next = v.counter(meta::NEXT_INO)?.max(2);
+        v.set_counter(meta::NEXT_INO, next + n as u64);
+        Ok((0..n as u64).map(|i| Ino::new(self.partition, next + i)).collect())
+    }
+
+    fn mutate(
+        &self,
+        v: &mut View<'_>,
+        ops: &[Op],
+        new_inos: &[Ino],
+    ) -> Result<Result<Outcome, ApplyError>, Fatal> {
+        let mut out = Outcome { new_inos: new_inos.to_vec(), ..Outcome::default() };
+        let mut next_new = 0usize;
+        let target = |t: &Target| -> Result<Ino, ApplyError> {
+            match t {
+                Target::Existing(i) => Ok(*i),
+                Target::New(n) => new_inos
+                    .get(*n as usize)
+                    .copied()
+                    .ok_or_else(|| ApplyError::Invalid(format!("no new inode #{n}"))),
+            }
+        };
+        for op in ops {
+            match op {
+                Op::ExpectDirLive { dir, class, learn } => {
+                    if *learn && dir.home() != self.partition {
+                        v.put(keys::live_dir(*dir), enc(class));
+                    }
+                }
+                Op::NewInode { attr, symlink } => {
+                    let Some(ino) = new_inos.get(next_new).copied() else {
+                        return Ok(Err(ApplyError::Invalid("inode allocation mismatch".into())));
+                    };
+                    next_new += 1;
+                    let mut attr = (**attr).clone();
+                    attr.ino = ino;
+                    v.put(keys::inode(ino), enc(&InodeRec { attr: attr.clone(), symlink: symlink.clone() }));
+                    v.add_counter(meta::INODES, 1)?;
+                    out.attrs.push((ino, Some(attr)));
+                }
+                Op::PutDentry { parent, name, target: t, kind } => {
+                    let ino = match target(t) {
+                        Ok(i) => i,
+                        Err(e) => return Ok(Err(e)),
+                    };
+                    let k = keys::dentry(*parent, name);
+                    if v.get(&k)?.is_none() {
+                        v.add_counter(meta::ENTRIES, 1)?;
+                    }
+                    v.put(k, enc(&Dentry { ino, kind: *kind }));
+                }
+                Op::DelDentry { parent, name } => {
+                    let k = keys::dentry(*parent, name);
+                    if v.get(&k)?.is_some() {
+                        v.add_counter(meta::ENTRIES, -1)?;
+                        v.del(k);
+                    }
+                }
+                Op::AdjustInode { ino, nlink, parent, touch_mtime, now } => {
+                    let Some(mut rec) = v.inode(*ino)? else { continue };
+                    rec.attr.nlink = (rec.attr.nlink as i64 + *nlink as i64).max(0) as u32;
+                    rec.attr.ctime = *now;
+                    if *touch_mtime {
+                        rec.attr.mtime = *now;
+                    }
+                    if let Some(p) = parent {
+                        rec.attr.parent = *p;
+                    }
+                    if rec.attr.nlink == 0 && rec.attr.kind != FileKind::Directory {
+                        self.drop_inode(v, *ino)?;
+                        out.attrs.push((*ino, None));
+                    } else {
+                        out.attrs.push((*ino, Some(rec.attr.clone())));
+                        v.put(keys::inode(*ino), enc(&rec));
+                    }
+                }
+                Op::DropInode(ino) => {
+                    if v.inode(*ino)?.is_some() {
+                        self.drop_inode(v, *ino)?;
+                    }
+                    out.attrs.push((*ino, None));
+                }
+                Op::SetAttr { ino, change, now } => {
+                    let Some(mut rec) = v.inode(*ino)? else { continue };
+                    apply_change(&mut rec.attr, change, *now);
+                    out.attrs.push((*ino, Some(rec.attr.clone())));
+                    v.put(keys::inode(*ino), enc(&rec));
+                }
+                Op::Xattr { ino, name, value, now, .. } => {
+                    match value {
+                        Some(val) => v.put(keys::xattr(*ino, name), val.clone()),
+                        None => v.del(keys::xattr(*ino, name)),
+                    }
+                    if let Some(mut rec) = v.inode(*ino)? {
+                        rec.attr.ctime = *now;
+                        out.attrs.push((*ino, Some(rec.attr.clone())));
+                        v.put(keys::inode(*ino), enc(&rec));
+                    }
+                }
+                Op::SetClass { dir, class } => {
+                    if let Some(mut rec) = v.inode(*dir)? {
+                        rec.attr.class = *class;
+                        out.attrs.push((*dir, Some(rec.attr.clone())));
+                        v.put(keys::inode(*dir), enc(&rec));
+                    }
+                }
+                Op::Relearn { dir, class } => {
+                    let k = keys::live_dir(*dir);
+                    if v.get(&k)?.is_some() {
+                        v.put(k, enc(class));
+                    }
+                }
+                Op::Tombstone(dir) => {
+                    v.put(keys::tombstone(*dir), Vec::new());
+                    v.del(keys::live_dir(*dir));
+                }
+                Op::BumpEpoch(e) => {
+                    let cur = v.counter(meta::EPOCH)?;
+                    v.set_counter(meta::EPOCH, cur.max(*e));
+                }
+                Op::TouchDir { dir, nlink, now } => {
+                    let Some(mut rec) = v.inode(*dir)? else { continue };
+                    if rec.attr.kind != FileKind::Directory {
+                        continue;
+                    }
+                    rec.attr.nlink = (rec.attr.nlink as i64 + *nlink as i64).max(2) as u32;
+                    rec.attr.mtime = rec.attr.mtime.max(*now);
+                    rec.attr.ctime = rec.attr.ctime.max(*now);
+                    v.put(keys::inode(*dir), enc(&rec));
+                }
+                Op::ExpectEpoch(_)
+                | Op::ExpectDentry { .. }
+                | Op::ExpectEmpty(_)
+                | Op::ExpectInode { .. } => {}
+            }
+        }
+        out.epoch = v.counter(meta::EPOCH)?;
+        Ok(Ok(out))
+    }
+
+    fn drop_inode(&self, v: &mut View<'_>, ino: Ino) -> Result<(), Fatal> {
+        for k in v.keys_with_prefix(&keys::xattr_prefix(ino))? {
+            v.del(k);
+        }
+        v.del(keys::inode(ino));
+        v.add_counter(meta::INODES, -1)
+    }
+}
+
+/// Applies a setattr change to attributes.
+pub fn apply_change(a: &mut Attr, c: &AttrChange, now: Time) {
+    if let Some(p) = c.perm {
+        a.perm = p & 0o7777;
+    }
+    if let Some(u) = c.uid {
+        a.uid = u;
+    }
+    if let Some(g) = c.gid {
+        a.gid = g;
+    }
+    if let Some(s) = c.size {
+        if s != a.size {
+            a.generation += 1;
+        }
+        a.size = s;
+        a.mtime = now;
+    }
+    if let Some(t) = c.atime {
+        a.atime = t;
+    }
+    if let Some(t) = c.mtime {
+        a.mtime = t;
+    }
+    a.ctime = now;
+}
+
+/// The attributes of a fresh inode.
+#[allow(clippy::too_many_arguments)]
+pub fn fresh_attr(
+    kind: FileKind,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u64,
+    size: u64,
+    class: Class,
+    parent: Ino,
+    now: Time,
+) -> Attr {
+    Attr {
+        ino: Ino(0),
+        kind,
+        perm: perm & 0o7777,
+        uid,
+        gid,
+        size,
+        nlink: if kind == FileKind::Directory { 2 } else { 1 },
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        generation: 0,
+        class,
+        rdev,
+        parent: if kind == FileKind::Directory { parent } else { Ino(0) },
+    }
+}

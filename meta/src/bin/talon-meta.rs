@@ -1,0 +1,122 @@
+//! `talon-meta`: initialise a cluster's configuration, start a node, or show status.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use talon_meta::config::{Config, NodeEntry};
+
+#[derive(Parser)]
+#[command(name = "talon-meta", about = "Talon's metadata server")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write one config file per node for a new cluster.
+    Init {
+        /// Nodes as id=host:port, comma-separated (e.g. 1=127.0.0.1:7001,2=127.0.0.1:7002).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// Number of partitions.
+        #[arg(long, default_value_t = 16)]
+        partitions: u32,
+        /// Replicas per partition (default: 3, or the number of nodes if fewer).
+        #[arg(long)]
+        replication: Option<u32>,
+        /// Strict path prefixes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "/checkpoints,/control")]
+        strict: Vec<String>,
+        /// Directory under which each node's data directory (nodeN) is placed.
+        #[arg(long, default_value = "talon-data")]
+        data_root: PathBuf,
+        /// Directory to write nodeN.toml files into.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Run a node until SIGINT or SIGTERM.
+    Start {
+        /// The node's config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print the Raft state of every partition on a node.
+    Status {
+        /// The node's address (host:port).
+        #[arg(long, default_value = "127.0.0.1:7001")]
+        addr: String,
+    },
+}
+
+fn parse_node(s: &str) -> anyhow::Result<NodeEntry> {
+    let (id, addr) = s.split_once('=').with_context(|| format!("node {s:?} is not id=host:port"))?;
+    Ok(NodeEntry { id: id.trim().parse().with_context(|| format!("node id {id:?}"))?, addr: addr.trim().to_string() })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Init { nodes, partitions, replication, strict, data_root, out } => {
+            let nodes: Vec<NodeEntry> = nodes.iter().map(|s| parse_node(s)).collect::<anyhow::Result<_>>()?;
+            std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+            for n in &nodes {
+                let mut c = Config { node_id: n.id, listen: n.addr.clone(), data_dir: data_root.join(format!("node{}", n.id)), ..Config::default() };
+                c.cluster.nodes = nodes.clone();
+                c.cluster.partitions = partitions;
+                c.cluster.replication = replication.unwrap_or(3.min(nodes.len() as u32));
+                c.cluster.strict_prefixes = strict.iter().filter(|s| !s.is_empty()).cloned().collect();
+                c.validate()?;
+                let path = out.join(format!("node{}.toml", n.id));
+                std::fs::write(&path, toml::to_string_pretty(&c)?).with_context(|| format!("write {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        Cmd::Start { config } => {
+            let text = std::fs::read_to_string(&config).with_context(|| format!("read {}", config.display()))?;
+            let c = Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+            c.validate()?;
+            talon_meta::node::run(c, shutdown_signal()).await?;
+            Ok(())
+        }
+        Cmd::Status { addr } => {
+            let mut client = talon_proto::v1::namespace_client::NamespaceClient::connect(format!("http://{addr}"))
+                .await
+                .with_context(|| format!("connect {addr}"))?;
+            let s = client.status(talon_proto::v1::StatusRequest {}).await?.into_inner();
+            println!("node {} at {}", s.node_id, s.addr);
+            println!("{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}", "partition", "role", "leader", "term", "last_log", "applied", "entries", "inodes");
+            for p in s.partitions {
+                println!("{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}", p.id, p.role, p.leader, p.term, p.last_log_index, p.applied_index, p.entries, p.inodes);
+            }
+            Ok(())
+        }
+    }
+}

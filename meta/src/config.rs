@@ -1,0 +1,251 @@
+//! Node and cluster configuration: one TOML file per node, written by `talon-meta init`.
+//!
+//! Every key has a default (see `Default` impls) and is documented in
+//! `meta/talon-meta.example.toml`, which a test parses. `validate()` returns a typed error
+//! naming the offending key; a node refuses to start with an invalid config.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The configuration of one `talon-meta` node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node's id; must appear in `cluster.nodes`.
+    pub node_id: u64,
+    /// Address to listen on for both services (client API and Raft).
+    pub listen: String,
+    /// Directory holding this node's Raft log and partition state.
+    pub data_dir: PathBuf,
+    /// The cluster, identical on every node.
+    pub cluster: ClusterConfig,
+    /// Raft timing and log retention.
+    pub raft: RaftConfig,
+}
+
+/// The cluster: nodes, partitioning, replication and policy. Identical on every node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Every node of the cluster.
+    pub nodes: Vec<NodeEntry>,
+    /// Number of partitions P, fixed at init.
+    pub partitions: u32,
+    /// Replicas per partition R (at most the number of nodes).
+    pub replication: u32,
+    /// Directories whose path is or is under one of these are created strict.
+    pub strict_prefixes: Vec<String>,
+    /// Bound on the staleness of relaxed reads served by followers and client caches (ms).
+    pub relaxed_staleness_ms: u64,
+    /// Largest number of ops in a Batch RPC and of entries in one ReadDir page.
+    pub max_batch: u32,
+    /// Largest number of client commands merged into one Raft proposal.
+    pub max_proposal_batch: u32,
+}
+
+/// One node of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// Node id, unique, non-zero.
+    pub id: u64,
+    /// Address other nodes and clients reach it at (host:port).
+    pub addr: String,
+}
+
+/// Raft timing and snapshot policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Leader heartbeat interval (ms).
+    pub heartbeat_ms: u64,
+    /// Election timeout, lower bound (ms); must exceed the heartbeat.
+    pub election_timeout_min_ms: u64,
+    /// Election timeout, upper bound (ms).
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many log entries since the last one.
+    pub snapshot_after_entries: u64,
+    /// Log entries kept behind a snapshot, for followers that lag a little.
+    pub keep_entries_after_snapshot: u64,
+    /// A prepared transaction older than this is resolved by asking its coordinator (ms).
+    pub txn_recovery_after_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: 1,
+            listen: "127.0.0.1:7001".into(),
+            data_dir: PathBuf::from("talon-data/node1"),
+            cluster: ClusterConfig::default(),
+            raft: RaftConfig::default(),
+        }
+    }
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            nodes: vec![NodeEntry { id: 1, addr: "127.0.0.1:7001".into() }],
+            partitions: 16,
+            replication: 1,
+            strict_prefixes: vec!["/checkpoints".into(), "/control".into()],
+            relaxed_staleness_ms: 2000,
+            max_batch: 1024,
+            max_proposal_batch: 256,
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        RaftConfig {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 600,
+            election_timeout_max_ms: 1200,
+            snapshot_after_entries: 20_000,
+            keep_entries_after_snapshot: 1_000,
+            txn_recovery_after_ms: 3_000,
+        }
+    }
+}
+
+/// A configuration error, naming the key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A key has a value outside its range.
+    #[error("config key `{key}`: {reason}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key, reason: reason.into() }
+}
+
+impl Config {
+    /// Parses a TOML config.
+    pub fn from_toml(s: &str) -> Result<Config, String> {
+        toml::from_str(s).map_err(|e| e.to_string())
+    }
+
+    /// Checks every key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if c.nodes.is_empty() {
+            return Err(invalid("cluster.nodes", "no nodes"));
+        }
+        let mut ids: Vec<u64> = c.nodes.iter().map(|n| n.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != c.nodes.len() || ids.first() == Some(&0) {
+            return Err(invalid("cluster.nodes", "node ids must be unique and non-zero"));
+        }
+        for n in &c.nodes {
+            if n.addr.parse::<std::net::SocketAddr>().is_err() && !n.addr.contains(':') {
+                return Err(invalid("cluster.nodes", format!("address {:?} is not host:port", n.addr)));
+            }
+        }
+        if !c.nodes.iter().any(|n| n.id == self.node_id) {
+            return Err(invalid("node_id", format!("{} is not in cluster.nodes", self.node_id)));
+        }
+        if c.partitions == 0 || c.partitions > talon_model::ino::MAX_PARTITIONS {
+            return Err(invalid("cluster.partitions", "must be 1..=65536"));
+        }
+        if c.replication == 0 || c.replication as usize > c.nodes.len() {
+            return Err(invalid("cluster.replication", "must be 1..=number of nodes"));
+        }
+        for p in &c.strict_prefixes {
+            if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
+                return Err(invalid("cluster.strict_prefixes", format!("{p:?}: absolute, no trailing /")));
+            }
+        }
+        if c.max_batch == 0 || c.max_batch > 65_536 {
+            return Err(invalid("cluster.max_batch", "must be 1..=65536"));
+        }
+        if c.max_proposal_batch == 0 {
+            return Err(invalid("cluster.max_proposal_batch", "must be at least 1"));
+        }
+        let r = &self.raft;
+        if r.heartbeat_ms == 0 {
+            return Err(invalid("raft.heartbeat_ms", "must be positive"));
+        }
+        if r.election_timeout_min_ms <= r.heartbeat_ms {
+            return Err(invalid("raft.election_timeout_min_ms", "must exceed raft.heartbeat_ms"));
+        }
+        if r.election_timeout_max_ms <= r.election_timeout_min_ms {
+            return Err(invalid("raft.election_timeout_max_ms", "must exceed the minimum"));
+        }
+        if r.snapshot_after_entries == 0 {
+            return Err(invalid("raft.snapshot_after_entries", "must be positive"));
+        }
+        Ok(())
+    }
+
+    /// The replicas of `partition`: R consecutive nodes (by id order) starting at
+    /// `partition % N`, so leaders and data spread evenly.
+    pub fn replicas(&self, partition: u32) -> Vec<u64> {
+        replicas(&self.cluster, partition)
+    }
+
+    /// The address of node `id`.
+    pub fn addr_of(&self, id: u64) -> Option<&str> {
+        self.cluster.nodes.iter().find(|n| n.id == id).map(|n| n.addr.as_str())
+    }
+}
+
+/// The replicas of `partition` under `cluster`.
+pub fn replicas(cluster: &ClusterConfig, partition: u32) -> Vec<u64> {
+    let mut ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    let mut out: Vec<u64> = (0..cluster.replication as usize).map(|i| ids[(partition as usize + i) % n]).collect();
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_file_parses_and_validates() {
+        let text = include_str!("../talon-meta.example.toml");
+        let c = Config::from_toml(text).expect("example parses");
+        c.validate().expect("example validates");
+        assert_eq!(c.cluster.nodes.len(), 3);
+    }
+
+    #[test]
+    fn default_is_valid() {
+        Config::default().validate().expect("default validates");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let mut c = Config::default();
+        c.cluster.replication = 3;
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { key: "cluster.replication", .. })));
+        let mut c = Config::default();
+        c.node_id = 9;
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { key: "node_id", .. })));
+        assert!(Config::from_toml("unknown_key = 1").is_err());
+    }
+
+    #[test]
+    fn replicas_spread_and_are_distinct() {
+        let mut c = Config::default();
+        c.cluster.nodes = (1..=3).map(|id| NodeEntry { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
+        c.cluster.replication = 2;
+        for p in 0..8 {
+            let r = c.replicas(p);
+            assert_eq!(r.len(), 2);
+            assert_ne!(r[0], r[1]);
+        }
+        assert_ne!(c.replicas(0), c.replicas(1));
+    }
+}

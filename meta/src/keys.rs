@@ -1,0 +1,177 @@
+//! The key schema of a partition's state machine (one RocksDB per partition replica).
+//!
+//! Every key starts with a one-byte table tag; integers are big-endian so keys sort by
+//! number, and a directory's entries (`D` ‖ parent ‖ name) are one contiguous prefix, so a
+//! readdir is a prefix scan in name order.
+//!
+//! | tag | key                  | value                                   |
+//! |-----|----------------------|-----------------------------------------|
+//! | `D` | parent ‖ name        | `Dentry` (ino, kind)                    |
+//! | `I` | ino                  | `InodeRec` (attributes, symlink target)  |
+//! | `X` | ino ‖ name           | xattr value                             |
+//! | `T` | dir ino              | tombstone of a removed directory        |
+//! | `V` | dir ino              | class of a live directory seen here      |
+//! | `L` | locked key           | `TxId` of the prepared transaction       |
+//! | `P` | coordinator ‖ id     | `Prepared` record of a transaction       |
+//! | `C` | coordinator ‖ id     | decision of a coordinated transaction    |
+//! | `M` | name                 | partition metadata (applied, epoch, ...) |
+//!
+//! Lock keys (`L` ‖ k) name the key they protect: a dentry or inode key, `F` ‖ dir for an
+//! rmdir fence on a directory's children, or `E` for the epoch (directory renames).
+
+use crate::types::TxId;
+use talon_model::Ino;
+
+/// Table tags.
+pub mod tag {
+    /// Directory entries.
+    pub const DENTRY: u8 = b'D';
+    /// Inodes.
+    pub const INODE: u8 = b'I';
+    /// Extended attributes.
+    pub const XATTR: u8 = b'X';
+    /// Tombstones of removed directories.
+    pub const TOMBSTONE: u8 = b'T';
+    /// Live directories known to this partition.
+    pub const LIVE_DIR: u8 = b'V';
+    /// Locks held by prepared transactions.
+    pub const LOCK: u8 = b'L';
+    /// Prepared transactions.
+    pub const PREPARED: u8 = b'P';
+    /// Decisions of coordinated transactions.
+    pub const DECISION: u8 = b'C';
+    /// Partition metadata.
+    pub const META: u8 = b'M';
+}
+
+fn with_ino(tag: u8, ino: Ino) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(tag);
+    k.extend_from_slice(&ino.0.to_be_bytes());
+    k
+}
+
+/// Key of entry `name` in `parent`.
+pub fn dentry(parent: Ino, name: &[u8]) -> Vec<u8> {
+    let mut k = with_ino(tag::DENTRY, parent);
+    k.extend_from_slice(name);
+    k
+}
+
+/// Prefix of every entry of `parent`.
+pub fn dentry_prefix(parent: Ino) -> Vec<u8> {
+    with_ino(tag::DENTRY, parent)
+}
+
+/// Key of an inode.
+pub fn inode(ino: Ino) -> Vec<u8> {
+    with_ino(tag::INODE, ino)
+}
+
+/// Key of an xattr.
+pub fn xattr(ino: Ino, name: &[u8]) -> Vec<u8> {
+    let mut k = with_ino(tag::XATTR, ino);
+    k.extend_from_slice(name);
+    k
+}
+
+/// Prefix of every xattr of an inode.
+pub fn xattr_prefix(ino: Ino) -> Vec<u8> {
+    with_ino(tag::XATTR, ino)
+}
+
+/// Tombstone of a removed directory.
+pub fn tombstone(dir: Ino) -> Vec<u8> {
+    with_ino(tag::TOMBSTONE, dir)
+}
+
+/// Live-directory record.
+pub fn live_dir(dir: Ino) -> Vec<u8> {
+    with_ino(tag::LIVE_DIR, dir)
+}
+
+/// The lock key protecting `key`.
+pub fn lock(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len());
+    k.push(tag::LOCK);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The fence key of a directory's children (held by rmdir while prepared).
+pub fn fence(dir: Ino) -> Vec<u8> {
+    with_ino(b'F', dir)
+}
+
+/// The epoch key (held by directory renames while prepared).
+pub const EPOCH_LOCK: &[u8] = b"E";
+
+fn txn_key(tag: u8, txid: TxId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(13);
+    k.push(tag);
+    k.extend_from_slice(&txid.coordinator.to_be_bytes());
+    k.extend_from_slice(&txid.id.to_be_bytes());
+    k
+}
+
+/// Prepared-transaction record.
+pub fn prepared(txid: TxId) -> Vec<u8> {
+    txn_key(tag::PREPARED, txid)
+}
+
+/// Decision record.
+pub fn decision(txid: TxId) -> Vec<u8> {
+    txn_key(tag::DECISION, txid)
+}
+
+/// Partition metadata keys.
+pub mod meta {
+    /// Last applied log id.
+    pub const APPLIED: &[u8] = b"Mapplied";
+    /// Last applied membership.
+    pub const MEMBERSHIP: &[u8] = b"Mmembership";
+    /// Namespace epoch.
+    pub const EPOCH: &[u8] = b"Mepoch";
+    /// Next ino counter.
+    pub const NEXT_INO: &[u8] = b"Mnext_ino";
+    /// Number of dentries held.
+    pub const ENTRIES: &[u8] = b"Mentries";
+    /// Number of inodes held.
+    pub const INODES: &[u8] = b"Minodes";
+    /// The cluster map (partition 0).
+    pub const CLUSTER_MAP: &[u8] = b"Mcluster_map";
+}
+
+/// Decodes a big-endian ino from 8 bytes at `at`.
+pub fn ino_at(key: &[u8], at: usize) -> Option<Ino> {
+    let b: [u8; 8] = key.get(at..at + 8)?.try_into().ok()?;
+    Some(Ino(u64::from_be_bytes(b)))
+}
+
+/// Decodes a `TxId` from a `P` or `C` key.
+pub fn txid_of(key: &[u8]) -> Option<TxId> {
+    let c: [u8; 4] = key.get(1..5)?.try_into().ok()?;
+    let i: [u8; 8] = key.get(5..13)?.try_into().ok()?;
+    Some(TxId { coordinator: u32::from_be_bytes(c), id: u64::from_be_bytes(i) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_of_a_directory_share_a_prefix_and_sort_by_name() {
+        let p = Ino(42);
+        let a = dentry(p, b"a");
+        let b = dentry(p, b"b");
+        assert!(a.starts_with(&dentry_prefix(p)) && b.starts_with(&dentry_prefix(p)));
+        assert!(a < b);
+        assert!(!dentry(Ino(43), b"a").starts_with(&dentry_prefix(p)));
+    }
+
+    #[test]
+    fn txid_round_trips() {
+        let t = TxId { coordinator: 7, id: 0xdead_beef };
+        assert_eq!(txid_of(&prepared(t)), Some(t));
+    }
+}

@@ -1,0 +1,227 @@
+//! Node-to-node transport: one tonic channel per peer node, shared by every partition
+//! group's Raft traffic and by transaction calls between partition leaders (multi-Raft
+//! over one connection). Implements openraft's `RaftNetworkFactory` per partition.
+//!
+//! Payloads are bincode of openraft's request/response types, wrapped in a `RaftRequest`
+//! that names the partition. A transport failure is reported to openraft as `Unreachable`
+//! so it backs off; an error raised by the remote Raft is passed through as `RemoteError`.
+
+use crate::types::{NodeId, TypeConfig};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::{de::DeserializeOwned, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use talon_proto::raft::raft_client::RaftClient;
+use talon_proto::raft::RaftRequest;
+use tonic::transport::{Channel, Endpoint};
+
+/// Largest gRPC message between nodes (snapshot chunks, large appends).
+pub const MAX_PEER_MESSAGE: usize = 64 << 20;
+
+/// Channels to the other nodes of the cluster, created lazily and kept for the node's life.
+#[derive(Debug)]
+pub struct Peers {
+    addrs: HashMap<NodeId, String>,
+    channels: Mutex<HashMap<NodeId, Channel>>,
+}
+
+/// A transport-level failure talking to a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// The node id is not in the cluster.
+    #[error("unknown node {0}")]
+    UnknownNode(NodeId),
+    /// The address does not parse as an endpoint.
+    #[error("bad address {0}: {1}")]
+    BadAddr(String, String),
+    /// The RPC failed in transport.
+    #[error("rpc to node {0}: {1}")]
+    Transport(NodeId, String),
+    /// The remote answered with an error string.
+    #[error("node {0} answered: {1}")]
+    Remote(NodeId, String),
+    /// A payload did not decode.
+    #[error("decode reply from node {0}: {1}")]
+    Decode(NodeId, String),
+}
+
+impl Peers {
+    /// Peers of a cluster with these node addresses.
+    pub fn new(addrs: HashMap<NodeId, String>) -> Arc<Peers> {
+        Arc::new(Peers { addrs, channels: Mutex::new(HashMap::new()) })
+    }
+
+    /// The address of node `id`.
+    pub fn addr(&self, id: NodeId) -> Option<&str> {
+        self.addrs.get(&id).map(String::as_str)
+    }
+
+    /// The node id listening at `addr`.
+    pub fn id_of(&self, addr: &str) -> Option<NodeId> {
+        self.addrs.iter().find(|(_, a)| a.as_str() == addr).map(|(id, _)| *id)
+    }
+
+    /// The channel to node `id`, connected lazily.
+    pub fn channel(&self, id: NodeId) -> Result<Channel, PeerError> {
+        let mut g = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = g.get(&id) {
+            return Ok(c.clone());
+        }
+        let addr = self.addrs.get(&id).ok_or(PeerError::UnknownNode(id))?;
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| PeerError::BadAddr(addr.clone(), e.to_string()))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let ch = ep.connect_lazy();
+        g.insert(id, ch.clone());
+        Ok(ch)
+    }
+
+    fn client(&self, id: NodeId) -> Result<RaftClient<Channel>, PeerError> {
+        Ok(RaftClient::new(self.channel(id)?)
+            .max_decoding_message_size(MAX_PEER_MESSAGE)
+            .max_encoding_message_size(MAX_PEER_MESSAGE))
+    }
+
+    /// Sends one call of `kind` to node `id` for `partition` and decodes the reply.
+    pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        id: NodeId,
+        kind: PeerRpc,
+        partition: u32,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Result<Resp, Vec<u8>>, PeerError> {
+        let payload = bincode::serialize(req).map_err(|e| PeerError::Decode(id, e.to_string()))?;
+        let mut client = self.client(id)?;
+        let mut request = tonic::Request::new(RaftRequest { partition, payload: payload.into() });
+        request.set_timeout(timeout);
+        let fut = async {
+            match kind {
+                PeerRpc::Append => client.append_entries(request).await,
+                PeerRpc::Vote => client.vote(request).await,
+                PeerRpc::Snapshot => client.install_snapshot(request).await,
+                PeerRpc::Peer => client.peer(request).await,
+            }
+        };
+        let reply = match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(s)) => return Err(PeerError::Transport(id, format!("{:?}: {}", s.code(), s.message()))),
+            Err(_) => return Err(PeerError::Transport(id, "timed out".into())),
+        };
+        if !reply.error.is_empty() && reply.error_payload.is_empty() {
+            return Err(PeerError::Remote(id, reply.error));
+        }
+        if !reply.error_payload.is_empty() {
+            return Ok(Err(reply.error_payload.to_vec()));
+        }
+        bincode::deserialize(&reply.payload).map(Ok).map_err(|e| PeerError::Decode(id, e.to_string()))
+    }
+}
+
+/// Which node-to-node RPC.
+#[derive(Clone, Copy, Debug)]
+pub enum PeerRpc {
+    /// Raft AppendEntries.
+    Append,
+    /// Raft Vote.
+    Vote,
+    /// Raft InstallSnapshot (one chunk).
+    Snapshot,
+    /// A transaction call to a partition leader.
+    Peer,
+}
+
+/// Creates openraft network clients for one partition group.
+#[derive(Clone, Debug)]
+pub struct NetFactory {
+    /// The partition group.
+    pub partition: u32,
+    /// The node's peers.
+    pub peers: Arc<Peers>,
+}
+
+/// Sends one partition group's Raft RPCs to one target node.
+pub struct NetClient {
+    partition: u32,
+    target: NodeId,
+    peers: Arc<Peers>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetFactory {
+    type Network = NetClient;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> NetClient {
+        NetClient { partition: self.partition, target, peers: self.peers.clone() }
+    }
+}
+
+impl NetClient {
+    async fn send<Req, Resp, E>(
+        &self,
+        kind: PeerRpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let res = self
+            .peers
+            .call::<Req, Resp>(self.target, kind, self.partition, req, option.hard_ttl())
+            .await;
+        match res {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(bytes)) => match bincode::deserialize::<RaftError<NodeId, E>>(&bytes) {
+                Ok(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+                Err(e) => Err(RPCError::Network(NetworkError::new(&PeerError::Decode(self.target, e.to_string())))),
+            },
+            Err(e @ (PeerError::Transport(..) | PeerError::Remote(..))) => {
+                Err(RPCError::Unreachable(Unreachable::new(&e)))
+            }
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for NetClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.send(PeerRpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.send(PeerRpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.send(PeerRpc::Vote, &rpc, &option).await
+    }
+}

@@ -1,0 +1,393 @@
+//! A `talon-meta` node: opens its storage, starts a Raft group for every partition it
+//! replicates, serves the client API and the node-to-node service on one port, and runs
+//! the background tasks (stale-transaction recovery, directory attribute updates).
+//!
+//! Lifecycle: `Node::start(config, listener)` returns a `RunningNode`; `shutdown()` fires
+//! the node's cancellation token, stops accepting requests, waits for in-flight requests
+//! and background tasks, shuts every Raft group down and closes the log (its flusher
+//! acknowledges everything queued first). Nothing outlives `shutdown()`, so the same data
+//! directory can be opened again at once.
+
+use crate::config::Config;
+use crate::network::{NetFactory, PeerRpc, Peers};
+use crate::partition::Partition;
+use crate::raft_log::LogDb;
+use crate::sm::{PartitionSm, SmStore};
+use crate::types::{Command, CommandResult, NodeId, Op, Raft};
+use openraft::BasicNode;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use talon_model::{Ino, TalonError, Time};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long a node keeps retrying a call to another partition's leader.
+pub const PEER_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A request from one node to the leader of a partition on another (or the same) node.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum PeerRequest {
+    /// Propose a command on the partition (prepare, decide, finish, atomic).
+    Propose(Command),
+    /// Is `Ino` a live directory, and of which class? Asked of its home partition.
+    DirInfo(Ino),
+    /// The inode record, read linearizably and regardless of locks.
+    ReadInode(Ino),
+    /// A dentry, read linearizably and regardless of locks.
+    ReadDentry(Ino, Vec<u8>),
+}
+
+/// The answer to a `PeerRequest`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum PeerReply {
+    /// Result of a proposal.
+    Proposed(CommandResult),
+    /// Class of a live directory.
+    Dir(talon_model::Class),
+    /// An inode record, if it exists.
+    Inode(Option<crate::apply::InodeRec>),
+    /// A dentry, if it exists.
+    Dentry(Option<crate::apply::Dentry>),
+}
+
+/// A node and everything it hosts.
+pub struct Node {
+    /// The validated configuration.
+    pub config: Config,
+    /// Channels to the other nodes.
+    pub peers: Arc<Peers>,
+    /// Partition replicas hosted here.
+    pub partitions: HashMap<u32, Arc<Partition>>,
+    log: Arc<LogDb>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    leader_hints: Mutex<HashMap<u32, NodeId>>,
+    dir_touches: Mutex<BTreeMap<Ino, (i32, Time)>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({})", self.config.node_id)
+    }
+}
+
+/// Errors starting a node.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Storage could not be opened.
+    #[error("open storage: {0}")]
+    Storage(String),
+    /// Raft could not start.
+    #[error("start raft group {0}: {1}")]
+    Raft(u32, String),
+    /// The listener failed.
+    #[error("listen: {0}")]
+    Listen(String),
+}
+
+fn raft_config(c: &Config) -> Result<Arc<openraft::Config>, String> {
+    let r = &c.raft;
+    let rc = openraft::Config {
+        cluster_name: "talon".into(),
+        heartbeat_interval: r.heartbeat_ms,
+        election_timeout_min: r.election_timeout_min_ms,
+        election_timeout_max: r.election_timeout_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
+        max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    };
+    rc.validate().map(Arc::new).map_err(|e| e.to_string())
+}
+
+impl Node {
+    /// Opens storage and starts every hosted partition's Raft group.
+    pub async fn open(config: Config) -> Result<Arc<Node>, StartError> {
+        config.validate()?;
+        let me = config.node_id;
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| StartError::Storage(format!("create data dir: {e}")))?;
+        let log = LogDb::open(&config.data_dir.join("raft-log")).map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
+        let peers = Peers::new(config.cluster.nodes.iter().map(|n| (n.id, n.addr.clone())).collect());
+        let rc = raft_config(&config).map_err(|e| StartError::Raft(0, e))?;
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let mut partitions = HashMap::new();
+        for p in 0..config.cluster.partitions {
+            if !config.replicas(p).contains(&me) {
+                continue;
+            }
+            let store = SmStore::open(&config.data_dir.join("sm").join(p.to_string()), p)
+                .map_err(|e| StartError::Storage(format!("partition {p}: {e}")))?;
+            let raft = Raft::new(
+                me,
+                rc.clone(),
+                NetFactory { partition: p, peers: peers.clone() },
+                log.group(p),
+                PartitionSm::new(store.clone()),
+            )
+            .await
+            .map_err(|e| StartError::Raft(p, e.to_string()))?;
+            let part = Partition::start(
+                p,
+                raft,
+                store,
+                peers.clone(),
+                config.cluster.max_proposal_batch as usize,
+                cancel.child_token(),
+                &tasks,
+            );
+            partitions.insert(p, part);
+        }
+        let node = Arc::new(Node {
+            config,
+            peers,
+            partitions,
+            log,
+            cancel,
+            tasks,
+            leader_hints: Mutex::new(HashMap::new()),
+            dir_touches: Mutex::new(BTreeMap::new()),
+        });
+        node.initialize_groups().await?;
+        node.tasks.spawn(crate::txn::recovery_loop(node.clone(), node.cancel.child_token()));
+        node.tasks.spawn(dir_touch_loop(node.clone(), node.cancel.child_token()));
+        Ok(node)
+    }
+
+    /// Initializes groups this node is the first replica of, on first start.
+    async fn initialize_groups(&self) -> Result<(), StartError> {
+        for (p, part) in &self.partitions {
+            let replicas = self.config.replicas(*p);
+            if replicas.first() != Some(&self.config.node_id) {
+                continue;
+            }
+            let initialized = part.raft.is_initialized().await.map_err(|e| StartError::Raft(*p, e.to_string()))?;
+            if initialized {
+                continue;
+            }
+            let members: BTreeMap<NodeId, BasicNode> = replicas
+                .iter()
+                .map(|id| (*id, BasicNode::new(self.peers.addr(*id).unwrap_or_default())))
+                .collect();
+            if let Err(e) = part.raft.initialize(members).await {
+                // Already initialized by an earlier run that crashed mid-way: not an error.
+                tracing::info!(partition = p, "initialize: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The hosted replica of `p`, or WrongPartition.
+    pub fn local(&self, p: u32) -> Result<&Arc<Partition>, TalonError> {
+        self.partitions.get(&p).ok_or_else(|| {
+            if p >= self.config.cluster.partitions {
+                TalonError::Invalid(format!("partition {p} does not exist (cluster has {})", self.config.cluster.partitions))
+            } else {
+                TalonError::WrongPartition(format!("node {} does not host partition {p}", self.config.node_id))
+            }
+        })
+    }
+
+    /// The cancellation token of the node.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stops background tasks and Raft groups and closes storage.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        for part in self.partitions.values() {
+            let _ = part.raft.shutdown().await;
+        }
+        self.log.close();
+    }
+
+    fn hint(&self, p: u32) -> Option<NodeId> {
+        if let Some(part) = self.partitions.get(&p) {
+            if let Some(l) = part.leader() {
+                return Some(l);
+            }
+        }
+        self.leader_hints.lock().unwrap_or_else(|e| e.into_inner()).get(&p).copied()
+    }
+
+    fn set_hint(&self, p: u32, id: Option<NodeId>) {
+        let mut g = self.leader_hints.lock().unwrap_or_else(|e| e.into_inner());
+        match id {
+            Some(id) => g.insert(p, id),
+            None => g.remove(&p),
+        };
+    }
+
+    /// Sends a request to the leader of partition `p`, wherever it is, following
+    /// NotLeader redirects and trying replicas in turn until `PEER_DEADLINE`.
+    pub async fn peer(&self, p: u32, req: PeerRequest) -> Result<PeerReply, TalonError> {
+        if p >= self.config.cluster.partitions {
+            return Err(TalonError::Invalid(format!("partition {p} does not exist")));
+        }
+        let replicas = self.config.replicas(p);
+        let deadline = Instant::now() + PEER_DEADLINE;
+        let mut attempt = 0usize;
+        let mut backoff = Duration::from_millis(5);
+        let mut last_err = TalonError::Unavailable(format!("no leader for partition {p}"));
+        while Instant::now() < deadline && !self.cancel.is_cancelled() {
+            let target = self.hint(p).unwrap_or(replicas[attempt % replicas.len()]);
+            attempt += 1;
+            let res = if target == self.config.node_id {
+                self.handle_peer(p, req.clone()).await
+            } else {
+                match self.peers.call::<PeerRequest, PeerReply>(target, PeerRpc::Peer, p, &req, Duration::from_secs(10)).await {
+                    Ok(Ok(r)) => Ok(r),
+                    Ok(Err(bytes)) => Err(decode_error(&bytes)),
+                    Err(e) => Err(TalonError::Unavailable(e.to_string())),
+                }
+            };
+            match res {
+                Ok(r) => return Ok(r),
+                Err(TalonError::NotLeader { leader_id, .. }) => {
+                    let changed = leader_id.is_some() && leader_id != Some(target);
+                    self.set_hint(p, leader_id.filter(|l| *l != target));
+                    last_err = TalonError::Unavailable(format!("partition {p}: leader unknown"));
+                    if changed {
+                        continue;
+                    }
+                }
+                Err(e @ (TalonError::Unavailable(_) | TalonError::WrongPartition(_))) => {
+                    self.set_hint(p, None);
+                    last_err = e;
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(200));
+        }
+        Err(last_err)
+    }
+
+    /// Proposes `cmd` on the leader of partition `p`.
+    pub async fn propose_on(&self, p: u32, cmd: Command) -> Result<CommandResult, TalonError> {
+        match self.peer(p, PeerRequest::Propose(cmd)).await? {
+            PeerReply::Proposed(r) => Ok(r),
+            other => Err(TalonError::Unavailable(format!("unexpected peer reply {other:?}"))),
+        }
+    }
+
+    /// Serves a peer request for a partition hosted here (must be its leader).
+    pub async fn handle_peer(&self, p: u32, req: PeerRequest) -> Result<PeerReply, TalonError> {
+        let part = self.local(p)?;
+        match req {
+            PeerRequest::Propose(cmd) => Ok(PeerReply::Proposed(part.propose(cmd).await?)),
+            PeerRequest::DirInfo(dir) => {
+                part.linearizable().await?;
+                Ok(PeerReply::Dir(crate::namespace::home_dir_class(part, dir)?))
+            }
+            PeerRequest::ReadInode(ino) => {
+                part.linearizable().await?;
+                Ok(PeerReply::Inode(part.store.read(|v| v.inode(ino)).map_err(storage_error)?))
+            }
+            PeerRequest::ReadDentry(parent, name) => {
+                part.linearizable().await?;
+                Ok(PeerReply::Dentry(part.store.read(|v| v.dentry(parent, &name)).map_err(storage_error)?))
+            }
+        }
+    }
+
+    /// Queues an asynchronous directory attribute update (link count, mtime).
+    pub fn touch_dir(&self, dir: Ino, nlink: i32, now: Time) {
+        let mut g = self.dir_touches.lock().unwrap_or_else(|e| e.into_inner());
+        let e = g.entry(dir).or_insert((0, now));
+        e.0 += nlink;
+        e.1 = e.1.max(now);
+    }
+
+    async fn flush_dir_touches(&self) {
+        let pending = std::mem::take(&mut *self.dir_touches.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut by_home: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
+        for (dir, (nlink, now)) in pending {
+            by_home.entry(dir.home()).or_default().push(Op::TouchDir { dir, nlink, now });
+        }
+        let futs = by_home.into_iter().map(|(p, ops)| async move {
+            if let Err(e) = self.propose_on(p, Command::Atomic(ops)).await {
+                tracing::warn!(partition = p, "directory attribute update lost: {e}");
+            }
+        });
+        futures::future::join_all(futs).await;
+    }
+}
+
+/// A storage failure seen on a read path.
+pub fn storage_error(e: crate::apply::Fatal) -> TalonError {
+    tracing::error!("storage: {e}");
+    TalonError::Unavailable(format!("storage: {e}"))
+}
+
+/// Decodes an error carried in a peer reply (an encoded ErrorDetail).
+pub fn decode_error(bytes: &[u8]) -> TalonError {
+    use prost::Message;
+    match talon_proto::v1::ErrorDetail::decode(bytes) {
+        Ok(d) => TalonError::from_detail(d),
+        Err(e) => TalonError::Unavailable(format!("undecodable peer error: {e}")),
+    }
+}
+
+async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => node.flush_dir_touches().await,
+        }
+    }
+    node.flush_dir_touches().await;
+}
+
+/// A node serving on a listener.
+pub struct RunningNode {
+    /// The node.
+    pub node: Arc<Node>,
+    /// The address it listens on.
+    pub addr: std::net::SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RunningNode {
+    /// Starts `config`'s node serving on `listener`.
+    pub async fn start(config: Config, listener: TcpListener) -> Result<RunningNode, StartError> {
+        let addr = listener.local_addr().map_err(|e| StartError::Listen(e.to_string()))?;
+        let node = Node::open(config).await?;
+        let cancel = node.cancel_token();
+        let router = crate::service::router(node.clone());
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server = tokio::spawn(async move {
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await {
+                tracing::error!("server: {e}");
+            }
+        });
+        Ok(RunningNode { node, addr, server })
+    }
+
+    /// Stops serving, waits for in-flight requests, then shuts the node down.
+    pub async fn shutdown(self) {
+        self.node.cancel.cancel();
+        let _ = self.server.await;
+        self.node.shutdown().await;
+    }
+}
+
+/// Runs a node until `shutdown` resolves: the body of `talon-meta start`.
+pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    let listener = TcpListener::bind(&config.listen).await.map_err(|e| StartError::Listen(format!("{}: {e}", config.listen)))?;
+    let running = RunningNode::start(config, listener).await?;
+    tracing::info!(addr = %running.addr, node = running.node.config.node_id, "talon-meta serving");
+    shutdown.await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}

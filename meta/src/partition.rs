@@ -1,0 +1,239 @@
+//! One partition replica hosted on this node: its Raft group, its state, and the two
+//! merging queues in front of Raft.
+//!
+//! - The proposer merges concurrent commands into one `Command::Batch` proposal: while one
+//!   proposal is in flight, the next batch gathers, so N concurrent creates cost about one
+//!   Raft round and one WAL fsync instead of N (group commit; the log store also shares
+//!   one fsync across partitions).
+//! - The read barrier merges concurrent linearizable reads behind one
+//!   `ensure_linearizable` (ReadIndex): a read that arrives while a barrier is in flight
+//!   waits for the next one, which started after it arrived, so it is still linearizable.
+//!
+//! Both queues are tasks owned by the partition and stop when its cancellation token
+//! fires; callers still waiting get `Unavailable`.
+
+use crate::network::Peers;
+use crate::sm::SmStore;
+use crate::types::{Command, CommandResult, NodeId, Raft};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ServerState;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use talon_model::TalonError;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+type Reply = oneshot::Sender<Result<CommandResult, TalonError>>;
+
+/// Proposals in flight at once per partition (each a merged batch).
+const PROPOSALS_IN_FLIGHT: usize = 2;
+
+/// A partition replica on this node.
+pub struct Partition {
+    /// Partition id.
+    pub id: u32,
+    /// Its Raft group.
+    pub raft: Raft,
+    /// Its state.
+    pub store: Arc<SmStore>,
+    peers: Arc<Peers>,
+    proposals: mpsc::Sender<(Command, Reply)>,
+    reads: mpsc::Sender<oneshot::Sender<Result<(), TalonError>>>,
+    leader_contact: Mutex<Option<(Instant, u64)>>,
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Partition({})", self.id)
+    }
+}
+
+impl Partition {
+    /// Wraps a started Raft group and spawns its merging queues, which stop on `cancel`.
+    pub fn start(
+        id: u32,
+        raft: Raft,
+        store: Arc<SmStore>,
+        peers: Arc<Peers>,
+        max_batch: usize,
+        cancel: CancellationToken,
+        tasks: &tokio_util::task::TaskTracker,
+    ) -> Arc<Partition> {
+        let (ptx, prx) = mpsc::channel(4096);
+        let (rtx, rrx) = mpsc::channel(4096);
+        let p = Arc::new(Partition {
+            id,
+            raft: raft.clone(),
+            store,
+            peers,
+            proposals: ptx,
+            reads: rtx,
+            leader_contact: Mutex::new(None),
+        });
+        tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
+        tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
+        p
+    }
+
+    /// Proposes `cmd` through Raft (merged with concurrent ones) and returns its result
+    /// once applied on this leader.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, TalonError> {
+        let (tx, rx) = oneshot::channel();
+        self.proposals
+            .send((cmd, tx))
+            .await
+            .map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?;
+        rx.await.map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?
+    }
+
+    /// Waits until this replica is the leader and has applied everything committed before
+    /// the call (ReadIndex), so a local read is linearizable.
+    pub async fn linearizable(&self) -> Result<(), TalonError> {
+        let (tx, rx) = oneshot::channel();
+        self.reads
+            .send(tx)
+            .await
+            .map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?;
+        rx.await.map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?
+    }
+
+    /// True if a relaxed read may be served from this replica's state: a leader heard
+    /// from a quorum within `bound`, or a follower heard from its leader within `bound`
+    /// and has applied what that leader had committed then.
+    pub fn relaxed_ok(&self, bound: Duration) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state == ServerState::Leader {
+            return m.millis_since_quorum_ack.is_some_and(|ms| ms < bound.as_millis() as u64);
+        }
+        let contact = *self.leader_contact.lock().unwrap_or_else(|p| p.into_inner());
+        match contact {
+            Some((at, commit)) => {
+                at.elapsed() < bound && m.last_applied.map(|l| l.index).unwrap_or(0) >= commit
+            }
+            None => false,
+        }
+    }
+
+    /// Records an AppendEntries from the leader, carrying its commit index.
+    pub fn note_leader_contact(&self, leader_commit: u64) {
+        let mut g = self.leader_contact.lock().unwrap_or_else(|p| p.into_inner());
+        *g = Some((Instant::now(), leader_commit));
+    }
+
+    /// The current leader, as this replica knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// A NotLeader error pointing at the known leader.
+    pub fn not_leader(&self) -> TalonError {
+        not_leader(self.id, self.leader(), &self.peers)
+    }
+}
+
+fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
+    TalonError::NotLeader {
+        partition,
+        leader_id: leader,
+        leader_addr: leader.and_then(|l| peers.addr(l).map(str::to_string)),
+    }
+}
+
+/// Maps a client_write failure: forward-to-leader becomes NotLeader; the rest Unavailable.
+fn write_error(partition: u32, e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>, peers: &Peers) -> TalonError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(partition, f.leader_id, peers),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => TalonError::Unavailable(e.to_string()),
+        RaftError::Fatal(f) => TalonError::Unavailable(format!("partition {partition}: {f}")),
+    }
+}
+
+async fn proposer(p: Arc<Partition>, mut rx: mpsc::Receiver<(Command, Reply)>, max_batch: usize, cancel: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT));
+    loop {
+        let first = tokio::select! {
+            _ = cancel.cancelled() => break,
+            m = rx.recv() => match m { Some(m) => m, None => break },
+        };
+        // Wait for a free proposal slot first: requests arriving meanwhile join this batch.
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        let p = p.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+            let single = cmds.len() == 1;
+            let cmd = if single {
+                cmds.into_iter().next().unwrap_or(Command::Noop)
+            } else {
+                Command::Batch(cmds)
+            };
+            match p.raft.client_write(cmd).await {
+                Ok(resp) => {
+                    if single {
+                        for r in replies {
+                            let _ = r.send(Ok(resp.data.clone()));
+                        }
+                    } else if let CommandResult::Batch(results) = resp.data {
+                        for (r, res) in replies.into_iter().zip(results) {
+                            let _ = r.send(Ok(res));
+                        }
+                    } else {
+                        for r in replies {
+                            let _ = r.send(Err(TalonError::Unavailable("batch answered without results".into())));
+                        }
+                    }
+                }
+                Err(e) => {
+                    let err = write_error(p.id, e, &p.peers);
+                    for r in replies {
+                        let _ = r.send(Err(err.clone()));
+                    }
+                }
+            }
+        });
+    }
+    // Dropping rx answers queued callers with Unavailable (their oneshot is dropped).
+}
+
+async fn read_barrier(
+    raft: Raft,
+    partition: u32,
+    peers: Arc<Peers>,
+    mut rx: mpsc::Receiver<oneshot::Sender<Result<(), TalonError>>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            _ = cancel.cancelled() => break,
+            m = rx.recv() => match m { Some(m) => m, None => break },
+        };
+        let mut waiters = vec![first];
+        while let Ok(w) = rx.try_recv() {
+            waiters.push(w);
+        }
+        let res = match raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(e)) => {
+                let leader = match &e {
+                    openraft::error::CheckIsLeaderError::ForwardToLeader(f) => f.leader_id,
+                    _ => None,
+                };
+                Err(not_leader(partition, leader, &peers))
+            }
+            Err(RaftError::Fatal(f)) => Err(TalonError::Unavailable(format!("partition {partition}: {f}"))),
+        };
+        for w in waiters {
+            let _ = w.send(res.clone());
+        }
+    }
+}

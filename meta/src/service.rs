@@ -1,0 +1,399 @@
+//! The gRPC edge of a node: the client `Namespace` service and the node-to-node `Raft`
+//! service, on one tonic router. Wire messages are validated and converted to domain
+//! values here, and every `TalonError` is mapped to a `tonic::Status` here, once.
+//!
+//! Bounds enforced at this edge: names (via `talon-model`), batch sizes (`max_batch`),
+//! partition ids, symlink and xattr sizes, and message sizes (tonic's decoding limit), so
+//! a malformed request gets an error and never reaches a Raft log.
+
+use crate::node::{Node, PeerRequest};
+use crate::namespace::CreateSpec;
+use crate::types::{AttrChange, NodeId, TypeConfig};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use prost::Message;
+use std::sync::Arc;
+use talon_model::attr::class_from_wire;
+use talon_model::{Attr, FileKind, Ino, TalonError, Time};
+use talon_proto::raft::raft_server::{Raft as RaftSvc, RaftServer};
+use talon_proto::raft::{RaftReply, RaftRequest};
+use talon_proto::v1 as pb;
+use talon_proto::v1::namespace_server::{Namespace, NamespaceServer};
+use tonic::{Request, Response, Status};
+
+/// Largest client request (a full batch of creates with long names fits well within).
+pub const MAX_CLIENT_MESSAGE: usize = 16 << 20;
+
+/// The tonic router serving both services of `node`.
+pub fn router(node: Arc<Node>) -> tonic::transport::server::Router {
+    let ns = NamespaceServer::new(Api { node: node.clone() })
+        .max_decoding_message_size(MAX_CLIENT_MESSAGE)
+        .max_encoding_message_size(MAX_CLIENT_MESSAGE);
+    let raft = RaftServer::new(RaftApi { node })
+        .max_decoding_message_size(crate::network::MAX_PEER_MESSAGE)
+        .max_encoding_message_size(crate::network::MAX_PEER_MESSAGE);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .add_service(ns)
+        .add_service(raft)
+}
+
+/// The client API.
+pub struct Api {
+    node: Arc<Node>,
+}
+
+/// The node-to-node API.
+pub struct RaftApi {
+    node: Arc<Node>,
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+fn header(h: Option<pb::RequestHeader>) -> pb::RequestHeader {
+    h.unwrap_or_default()
+}
+
+fn attr_reply(a: &Attr) -> Option<pb::Attr> {
+    Some(pb::Attr::from(a))
+}
+
+fn ts(t: Option<pb::Timestamp>) -> Result<Option<Time>, TalonError> {
+    t.map(Time::try_from).transpose()
+}
+
+fn create_spec(r: &pb::CreateRequest) -> Result<CreateSpec, TalonError> {
+    let kind = FileKind::try_from(r.kind)?;
+    if kind != FileKind::Symlink && !r.symlink_target.is_empty() {
+        return Err(TalonError::Invalid("symlink_target on a non-symlink".into()));
+    }
+    let class = class_from_wire(r.class)?;
+    if class.is_some() && kind != FileKind::Directory {
+        return Err(TalonError::Invalid("class given for a non-directory".into()));
+    }
+    Ok(CreateSpec {
+        kind,
+        perm: r.perm & 0o7777,
+        uid: r.uid,
+        gid: r.gid,
+        rdev: r.rdev,
+        symlink: r.symlink_target.clone(),
+        class,
+        exclusive: r.exclusive,
+    })
+}
+
+impl Api {
+    fn max_batch(&self) -> usize {
+        self.node.config.cluster.max_batch as usize
+    }
+
+    fn cluster_map(&self) -> pb::ClusterMap {
+        let c = &self.node.config.cluster;
+        let epoch = self.node.partitions.values().filter_map(|p| p.store.epoch().ok()).max().unwrap_or(0);
+        pb::ClusterMap {
+            nodes: c.nodes.iter().map(|n| pb::NodeInfo { id: n.id, addr: n.addr.clone() }).collect(),
+            partitions: c.partitions,
+            replication: c.replication,
+            partition_info: (0..c.partitions)
+                .map(|p| pb::PartitionInfo {
+                    id: p,
+                    replicas: self.node.config.replicas(p),
+                    leader_hint: self.node.partitions.get(&p).and_then(|x| x.leader()).unwrap_or(0),
+                })
+                .collect(),
+            strict_prefixes: c.strict_prefixes.clone(),
+            epoch,
+            relaxed_staleness_ms: c.relaxed_staleness_ms,
+            root_ino: talon_model::ROOT_INO.0,
+            max_batch: c.max_batch,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Namespace for Api {
+    async fn get_cluster_map(&self, _r: Request<pb::ClusterMapRequest>) -> Res<pb::ClusterMap> {
+        Ok(Response::new(self.cluster_map()))
+    }
+
+    async fn status(&self, _r: Request<pb::StatusRequest>) -> Res<pb::StatusReply> {
+        let mut parts: Vec<pb::PartitionStatus> = self
+            .node
+            .partitions
+            .values()
+            .map(|p| {
+                let m = p.raft.metrics().borrow().clone();
+                let (inodes, entries) = p
+                    .store
+                    .read(|v| Ok((v.counter(crate::keys::meta::INODES)?, v.counter(crate::keys::meta::ENTRIES)?)))
+                    .unwrap_or((0, 0));
+                pb::PartitionStatus {
+                    id: p.id,
+                    role: format!("{:?}", m.state).to_uppercase(),
+                    leader: m.current_leader.unwrap_or(0),
+                    term: m.current_term,
+                    last_log_index: m.last_log_index.unwrap_or(0),
+                    applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+                    snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+                    entries,
+                    inodes,
+                }
+            })
+            .collect();
+        parts.sort_by_key(|p| p.id);
+        let addr = self.node.peers.addr(self.node.config.node_id).unwrap_or_default().to_string();
+        Ok(Response::new(pb::StatusReply { node_id: self.node.config.node_id, addr, partitions: parts }))
+    }
+
+    async fn lookup(&self, r: Request<pb::LookupRequest>) -> Res<pb::EntryReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let (attr, epoch) = self.node.lookup(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name).await?;
+        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+    }
+
+    async fn get_attr(&self, r: Request<pb::GetAttrRequest>) -> Res<pb::AttrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let attr = self.node.getattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino)).await?;
+        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+    }
+
+    async fn set_attr(&self, r: Request<pb::SetAttrRequest>) -> Res<pb::AttrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let now = Time::now();
+        let change = AttrChange {
+            perm: r.perm,
+            uid: r.uid,
+            gid: r.gid,
+            size: r.size,
+            atime: if r.atime_now { Some(now) } else { ts(r.atime)? },
+            mtime: if r.mtime_now { Some(now) } else { ts(r.mtime)? },
+        };
+        let attr = self.node.setattr(h.partition, h.epoch, Ino(r.ino), change).await?;
+        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+    }
+
+    async fn create(&self, r: Request<pb::CreateRequest>) -> Res<pb::EntryReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let spec = create_spec(&r)?;
+        let (attr, epoch) = self.node.create(h.partition, h.epoch, Ino(r.parent), &r.name, &spec).await?;
+        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+    }
+
+    async fn remove(&self, r: Request<pb::RemoveRequest>) -> Res<pb::RemoveReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let (ino, nlink) = self.node.remove(h.partition, h.epoch, Ino(r.parent), &r.name, r.directory).await?;
+        Ok(Response::new(pb::RemoveReply { ino: ino.0, nlink }))
+    }
+
+    async fn rename(&self, r: Request<pb::RenameRequest>) -> Res<pb::RenameReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let epoch = self
+            .node
+            .rename(h.partition, h.epoch, Ino(r.src_parent), &r.src_name, Ino(r.dst_parent), &r.dst_name, r.flags)
+            .await?;
+        Ok(Response::new(pb::RenameReply { epoch }))
+    }
+
+    async fn link(&self, r: Request<pb::LinkRequest>) -> Res<pb::EntryReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let (attr, epoch) = self.node.link(h.partition, h.epoch, Ino(r.ino), Ino(r.new_parent), &r.new_name).await?;
+        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+    }
+
+    async fn read_dir(&self, r: Request<pb::ReadDirRequest>) -> Res<pb::ReadDirReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        if r.after.len() > talon_model::name::NAME_MAX {
+            return Err(TalonError::Invalid("cursor name over 255 bytes".into()).into());
+        }
+        let (entries, more) = self
+            .node
+            .readdir(h.partition, h.relaxed_read, h.epoch, Ino(r.dir), &r.after, r.limit, r.plus)
+            .await?;
+        let entries = entries
+            .into_iter()
+            .map(|(name, d, attr)| pb::DirEntry {
+                name,
+                ino: d.ino.0,
+                kind: pb::FileKind::from(d.kind) as i32,
+                attr: attr.as_ref().map(pb::Attr::from),
+            })
+            .collect();
+        Ok(Response::new(pb::ReadDirReply { entries, more }))
+    }
+
+    async fn get_xattr(&self, r: Request<pb::GetXattrRequest>) -> Res<pb::GetXattrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let value = self.node.getxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino), &r.name).await?;
+        Ok(Response::new(pb::GetXattrReply { value }))
+    }
+
+    async fn set_xattr(&self, r: Request<pb::SetXattrRequest>) -> Res<pb::Empty> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        self.node.setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, Some(r.value), r.flags).await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn list_xattr(&self, r: Request<pb::ListXattrRequest>) -> Res<pb::ListXattrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let names = self.node.listxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino)).await?;
+        Ok(Response::new(pb::ListXattrReply { names }))
+    }
+
+    async fn remove_xattr(&self, r: Request<pb::RemoveXattrRequest>) -> Res<pb::Empty> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        self.node.setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, None, 0).await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn stat_fs(&self, r: Request<pb::StatFsRequest>) -> Res<pb::StatFsReply> {
+        let h = header(r.into_inner().header);
+        let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
+        Ok(Response::new(pb::StatFsReply { inodes, bytes: 0, entries }))
+    }
+
+    async fn set_class(&self, r: Request<pb::SetClassRequest>) -> Res<pb::AttrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let class = class_from_wire(r.class)?.ok_or_else(|| TalonError::Invalid("class must be relaxed or strict".into()))?;
+        let attr = self.node.set_class(h.partition, h.epoch, Ino(r.ino), class).await?;
+        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+    }
+
+    async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        if r.ops.len() > self.max_batch() {
+            return Err(TalonError::Invalid(format!("batch of {} ops exceeds max_batch {}", r.ops.len(), self.max_batch())).into());
+        }
+        self.node.local(h.partition)?;
+        let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; r.ops.len()];
+        let mut creates = Vec::new();
+        let mut create_idx = Vec::new();
+        let mut reads = Vec::new();
+        for (i, op) in r.ops.into_iter().enumerate() {
+            match op.op {
+                Some(pb::batch_op::Op::Create(c)) => match create_spec(&c) {
+                    Ok(spec) => {
+                        creates.push((Ino(c.parent), c.name, spec));
+                        create_idx.push(i);
+                    }
+                    Err(e) => results[i] = Some(Err(e)),
+                },
+                Some(pb::batch_op::Op::Lookup(l)) => reads.push((i, Some((Ino(l.parent), l.name)), Ino(0))),
+                Some(pb::batch_op::Op::Getattr(g)) => reads.push((i, None, Ino(g.ino))),
+                None => results[i] = Some(Err(TalonError::Invalid("empty batch op".into()))),
+            }
+        }
+        let node = &self.node;
+        let read_futs = reads.into_iter().map(|(i, lookup, ino)| async move {
+            let res = match lookup {
+                Some((parent, name)) => node.lookup(h.partition, h.relaxed_read, h.epoch, parent, &name).await.map(|(a, _)| a),
+                None => node.getattr(h.partition, h.relaxed_read, h.epoch, ino).await,
+            };
+            (i, res)
+        });
+        let (created, read) = tokio::join!(
+            node.create_batch(h.partition, h.epoch, creates),
+            futures::future::join_all(read_futs)
+        );
+        for (i, res) in create_idx.into_iter().zip(created?) {
+            results[i] = Some(res);
+        }
+        for (i, res) in read {
+            results[i] = Some(res);
+        }
+        let results = results
+            .into_iter()
+            .map(|r| pb::BatchResult {
+                result: Some(match r.unwrap_or_else(|| Err(TalonError::Invalid("op not run".into()))) {
+                    Ok(a) => pb::batch_result::Result::Attr(pb::Attr::from(&a)),
+                    Err(e) => pb::batch_result::Result::Error(e.to_detail()),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::BatchReply { results }))
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
+    bincode::deserialize(payload).map_err(|e| Status::invalid_argument(format!("undecodable payload: {e}")))
+}
+
+fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(r: Result<T, E>) -> Res<RaftReply> {
+    let out = match r {
+        Ok(v) => RaftReply {
+            payload: bincode::serialize(&v).map_err(|e| Status::internal(e.to_string()))?.into(),
+            ..Default::default()
+        },
+        Err(e) => RaftReply {
+            error: e.to_string(),
+            error_payload: bincode::serialize(&e).map_err(|e| Status::internal(e.to_string()))?.into(),
+            ..Default::default()
+        },
+    };
+    Ok(Response::new(out))
+}
+
+impl RaftApi {
+    fn raft(&self, p: u32) -> Result<&Arc<crate::partition::Partition>, Status> {
+        self.node.local(p).map_err(|e| Status::not_found(e.to_string()))
+    }
+}
+
+#[tonic::async_trait]
+impl RaftSvc for RaftApi {
+    async fn append_entries(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
+        let r = r.into_inner();
+        let part = self.raft(r.partition)?;
+        let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
+        let commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
+        let res = part.raft.append_entries(req).await;
+        if res.as_ref().is_ok_and(|r| r.is_success()) {
+            part.note_leader_contact(commit);
+        }
+        reply(res)
+    }
+
+    async fn vote(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
+        let r = r.into_inner();
+        let part = self.raft(r.partition)?;
+        let req: VoteRequest<NodeId> = decode(&r.payload)?;
+        reply(part.raft.vote(req).await)
+    }
+
+    async fn install_snapshot(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
+        let r = r.into_inner();
+        let part = self.raft(r.partition)?;
+        let req: InstallSnapshotRequest<TypeConfig> = decode(&r.payload)?;
+        reply(part.raft.install_snapshot(req).await)
+    }
+
+    async fn peer(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
+        let r = r.into_inner();
+        let req: PeerRequest = decode(&r.payload)?;
+        match self.node.handle_peer(r.partition, req).await {
+            Ok(v) => Ok(Response::new(RaftReply {
+                payload: bincode::serialize(&v).map_err(|e| Status::internal(e.to_string()))?.into(),
+                ..Default::default()
+            })),
+            Err(e) => Ok(Response::new(RaftReply {
+                error: e.to_string(),
+                error_payload: e.to_detail().encode_to_vec().into(),
+                ..Default::default()
+            })),
+        }
+    }
+}

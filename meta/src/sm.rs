@@ -1,0 +1,437 @@
+//! A partition replica's state machine: one RocksDB instance per partition replica.
+//!
+//! Owns the namespace state of one partition (see `keys.rs` for the schema) and implements
+//! openraft's `RaftStateMachine`. The applied log id and membership are written in the same
+//! WriteBatch as the state they produced, so replaying entries after a crash is harmless:
+//! apply resumes after the stored applied id. The state machine's own WAL is not synced:
+//! whatever a crash loses is still in the fsynced Raft log.
+//!
+//! Snapshots are RocksDB checkpoints (hard links of the SST files), packed into one blob
+//! for transfer; installing one unpacks it into a fresh directory, opens it and swaps it in.
+//! Readers hold an `Arc<DB>` of the instance they started with, so a swap never pulls data
+//! from under a read. The directory `CURRENT_DB` names the live instance.
+
+use crate::apply::{dec, enc, Applier, Fatal, InodeRec, Overlay, View};
+use crate::keys::{self, meta};
+use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{
+    AnyError, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftLogId, Snapshot, SnapshotMeta,
+    StorageIOError, StoredMembership,
+};
+use rocksdb::{Options, WriteBatch, DB};
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use talon_model::{attr::Attr, Class, FileKind, Ino, Time, ROOT_INO};
+
+type Membership = StoredMembership<NodeId, openraft::BasicNode>;
+
+fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::new(subject, verb, AnyError::new(&e)).into()
+}
+
+fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
+    io_err(ErrorSubject::StateMachine, verb, e)
+}
+
+/// RocksDB options of a state machine instance.
+fn db_options() -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(true);
+    o.set_max_background_jobs(2);
+    o.set_keep_log_file_num(2);
+    o
+}
+
+/// The storage of one partition replica's state, shared between the Raft state machine
+/// (the only writer) and the read paths of the service.
+pub struct SmStore {
+    partition: u32,
+    dir: PathBuf,
+    db: RwLock<Arc<DB>>,
+    /// Serializes snapshot building with installing.
+    swap: Mutex<()>,
+}
+
+impl std::fmt::Debug for SmStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SmStore(partition {}, {})", self.partition, self.dir.display())
+    }
+}
+
+/// Seed state written into a brand-new partition 0: the root directory.
+fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
+    if db.get(keys::inode(ROOT_INO))?.is_some() || db.get(meta::APPLIED)?.is_some() {
+        return Ok(());
+    }
+    let attr = Attr {
+        ino: ROOT_INO,
+        kind: FileKind::Directory,
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        nlink: 2,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        generation: 0,
+        class: Class::Relaxed,
+        rdev: 0,
+        parent: ROOT_INO,
+    };
+    let mut b = WriteBatch::default();
+    b.put(keys::inode(ROOT_INO), enc(&InodeRec { attr, symlink: Vec::new() }));
+    b.put(meta::INODES, 1u64.to_le_bytes());
+    db.write(b)?;
+    Ok(())
+}
+
+impl SmStore {
+    /// Opens (or creates) the state of `partition` under `dir`.
+    pub fn open(dir: &Path, partition: u32) -> Result<Arc<SmStore>, Fatal> {
+        std::fs::create_dir_all(dir).map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
+        let current = dir.join("CURRENT_DB");
+        let name = match std::fs::read_to_string(&current) {
+            Ok(s) => s.trim().to_string(),
+            Err(_) => {
+                write_atomic(&current, b"db-0")?;
+                "db-0".to_string()
+            }
+        };
+        // Instances left by an interrupted install or replaced by a later one.
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if (n.starts_with("db-") && n != name) || n.starts_with("checkpoint-") {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let db = DB::open(&db_options(), dir.join(&name))?;
+        if partition == 0 {
+            seed_root(&db, Time::now())?;
+        }
+        Ok(Arc::new(SmStore { partition, dir: dir.to_path_buf(), db: RwLock::new(Arc::new(db)), swap: Mutex::new(()) }))
+    }
+
+    /// The live RocksDB instance.
+    pub fn db(&self) -> Arc<DB> {
+        match self.db.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The partition id.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    fn applied(&self) -> Result<(Option<LogId<NodeId>>, Membership), Fatal> {
+        read_applied(&self.db())
+    }
+
+    fn snapshot_file(&self) -> PathBuf {
+        self.dir.join("snapshot.bin")
+    }
+}
+
+fn read_applied(db: &DB) -> Result<(Option<LogId<NodeId>>, Membership), Fatal> {
+    let applied = db.get(meta::APPLIED)?.map(|b| dec(&b, "applied")).transpose()?;
+    let membership = db.get(meta::MEMBERSHIP)?.map(|b| dec(&b, "membership")).transpose()?.unwrap_or_default();
+    Ok((applied, membership))
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Fatal> {
+    let tmp = path.with_extension("tmp");
+    let res = (|| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Some(d) = path.parent() {
+            std::fs::File::open(d)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    res.map_err(|e| Fatal::Corrupt(format!("write {}: {e}", path.display())))
+}
+
+/// A stored snapshot: its metadata and the packed checkpoint files.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The files of a checkpoint, packed for transfer.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PackedFiles {
+    files: Vec<(String, Vec<u8>)>,
+}
+
+/// The openraft state machine of one partition replica.
+pub struct PartitionSm {
+    store: Arc<SmStore>,
+    applier: Applier,
+}
+
+impl PartitionSm {
+    /// Wraps a store.
+    pub fn new(store: Arc<SmStore>) -> PartitionSm {
+        let applier = Applier { partition: store.partition };
+        PartitionSm { store, applier }
+    }
+}
+
+/// Builds snapshots of a partition replica.
+pub struct SnapshotBuilder {
+    store: Arc<SmStore>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || build_snapshot(&store))
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
+    }
+}
+
+fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError> {
+    let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
+    let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
+    let db = store.db();
+    let cp_dir = store.dir.join(format!("checkpoint-{}", rand::random::<u64>()));
+    let cp = rocksdb::checkpoint::Checkpoint::new(&db).map_err(|e| werr(e.into()))?;
+    cp.create_checkpoint(&cp_dir).map_err(|e| werr(e.into()))?;
+    let result = (|| -> Result<Snapshot<TypeConfig>, Fatal> {
+        let (applied, membership) = {
+            let ro = DB::open_for_read_only(&Options::default(), &cp_dir, false)?;
+            read_applied(&ro)?
+        };
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&cp_dir).map_err(|e| Fatal::Corrupt(e.to_string()))? {
+            let e = e.map_err(|e| Fatal::Corrupt(e.to_string()))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "LOCK" || name.starts_with("LOG") {
+                continue;
+            }
+            let data = std::fs::read(e.path()).map_err(|e| Fatal::Corrupt(e.to_string()))?;
+            files.push((name, data));
+        }
+        let data = bincode::serialize(&PackedFiles { files }).map_err(|e| Fatal::Corrupt(e.to_string()))?;
+        let snapshot_id = match applied {
+            Some(l) => format!("{}-{}-{}-{:x}", l.leader_id.term, l.leader_id.node_id, l.index, rand::random::<u32>()),
+            None => format!("empty-{:x}", rand::random::<u32>()),
+        };
+        let meta = SnapshotMeta { last_log_id: applied, last_membership: membership, snapshot_id };
+        let stored = StoredSnapshot { meta: meta.clone(), data };
+        write_atomic(&store.snapshot_file(), &enc(&stored))?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
+    })();
+    let _ = std::fs::remove_dir_all(&cp_dir);
+    result.map_err(werr)
+}
+
+impl RaftStateMachine<TypeConfig> for PartitionSm {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, Membership), StorageError> {
+        self.store.applied().map_err(|e| fatal(ErrorVerb::Read, e))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandResult>, StorageError>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let db = self.store.db();
+        let mut overlay = Overlay::new();
+        let mut results = Vec::new();
+        let mut last: Option<LogId<NodeId>> = None;
+        let mut membership: Option<Membership> = None;
+        for entry in entries {
+            let log_id = *entry.get_log_id();
+            last = Some(log_id);
+            let res = match &entry.payload {
+                EntryPayload::Blank => CommandResult::None,
+                EntryPayload::Normal(cmd) => {
+                    self.applier.apply(&db, &mut overlay, cmd).map_err(|e| fatal(ErrorVerb::Write, e))?
+                }
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                    CommandResult::None
+                }
+            };
+            results.push(res);
+        }
+        let Some(last) = last else { return Ok(results) };
+        let mut batch = WriteBatch::default();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        batch.put(meta::APPLIED, enc(&last));
+        if let Some(m) = membership {
+            batch.put(meta::MEMBERSHIP, enc(&m));
+        }
+        // openraft never runs apply and install_snapshot at once, so `db` is still live.
+        db.write(batch).map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder { store: self.store.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let store = self.store.clone();
+        let meta = meta.clone();
+        let data = snapshot.into_inner();
+        tokio::task::spawn_blocking(move || install_snapshot(&store, meta, data))
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let path = self.store.snapshot_file();
+        let rerr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e)),
+        };
+        let s: StoredSnapshot = dec(&bytes, "snapshot").map_err(rerr)?;
+        Ok(Some(Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+    }
+}
+
+fn install_snapshot(
+    store: &SmStore,
+    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+) -> Result<(), StorageError> {
+    let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
+    let packed: PackedFiles = dec(&data, "snapshot files").map_err(werr)?;
+    let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
+    let name = format!("db-{}", rand::random::<u64>());
+    let target = store.dir.join(&name);
+    let res = (|| -> Result<DB, Fatal> {
+        std::fs::create_dir_all(&target).map_err(|e| Fatal::Corrupt(e.to_string()))?;
+        for (file, bytes) in &packed.files {
+            if file.contains('/') || file.contains("..") {
+                return Err(Fatal::Corrupt(format!("snapshot file name {file:?}")));
+            }
+            std::fs::write(target.join(file), bytes).map_err(|e| Fatal::Corrupt(e.to_string()))?;
+        }
+        let db = DB::open(&db_options(), &target)?;
+        let (applied, _) = read_applied(&db)?;
+        if applied != meta.last_log_id {
+            return Err(Fatal::Corrupt(format!(
+                "snapshot holds applied {applied:?}, meta says {:?}",
+                meta.last_log_id
+            )));
+        }
+        Ok(db)
+    })();
+    let db = match res {
+        Ok(db) => db,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&target);
+            return Err(werr(e));
+        }
+    };
+    write_atomic(&store.dir.join("CURRENT_DB"), name.as_bytes()).map_err(werr)?;
+    let old = {
+        let mut g = store.db.write().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *g, Arc::new(db))
+    };
+    drop(old);
+    write_atomic(&store.snapshot_file(), &enc(&StoredSnapshot { meta, data })).map_err(werr)?;
+    Ok(())
+}
+
+/// Read helpers over the live instance, for the service's read paths.
+impl SmStore {
+    /// Runs `f` over a view of the current state (no staged writes).
+    pub fn read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
+        let db = self.db();
+        let empty = Overlay::new();
+        let view = View::new(&db, &empty);
+        f(&view)
+    }
+
+    /// The partition's namespace epoch.
+    pub fn epoch(&self) -> Result<u64, Fatal> {
+        self.read(|v| v.counter(meta::EPOCH))
+    }
+
+    /// One page of the entries of `dir` held here, after `after`, at most `limit`.
+    pub fn readdir(
+        &self,
+        dir: Ino,
+        after: &[u8],
+        limit: usize,
+    ) -> Result<(Vec<(Vec<u8>, crate::apply::Dentry)>, bool), Fatal> {
+        let db = self.db();
+        let prefix = keys::dentry_prefix(dir);
+        let mut it = db.raw_iterator();
+        let start = keys::dentry(dir, after);
+        it.seek(&start);
+        let mut out = Vec::new();
+        let mut more = false;
+        while let Some(k) = it.key() {
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let name = &k[prefix.len()..];
+            if !after.is_empty() && name == after {
+                it.next();
+                continue;
+            }
+            if out.len() >= limit {
+                more = true;
+                break;
+            }
+            let v = it.value().unwrap_or_default();
+            out.push((name.to_vec(), dec(v, "dentry")?));
+            it.next();
+        }
+        it.status()?;
+        Ok((out, more))
+    }
+
+    /// Prepared transactions held here: (txid, record).
+    pub fn prepared(&self) -> Result<Vec<(crate::types::TxId, crate::apply::PreparedRec)>, Fatal> {
+        let db = self.db();
+        let mut it = db.raw_iterator();
+        it.seek([keys::tag::PREPARED]);
+        let mut out = Vec::new();
+        while let Some(k) = it.key() {
+            if k.first() != Some(&keys::tag::PREPARED) {
+                break;
+            }
+            if let Some(t) = keys::txid_of(k) {
+                out.push((t, dec(it.value().unwrap_or_default(), "prepared")?));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+}

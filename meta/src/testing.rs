@@ -1,0 +1,192 @@
+//! An in-process cluster for tests: N real nodes in this process, each a gRPC server on
+//! 127.0.0.1 with a port picked by the OS and its own temporary data directory. Nodes can
+//! be stopped and restarted on the same port and data (a clean stop: every task and Raft
+//! group shut down, storage closed), which is how tests take a node or a leader away.
+//! Crash-style kills of whole processes are tested with the `talon-meta` binary instead.
+
+use crate::config::{Config, NodeEntry, RaftConfig};
+use crate::node::RunningNode;
+use openraft::ServerState;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// Builder of a `TestCluster`.
+#[derive(Clone, Debug)]
+pub struct TestClusterBuilder {
+    nodes: u64,
+    partitions: u32,
+    replication: u32,
+    strict_prefixes: Vec<String>,
+    relaxed_staleness_ms: u64,
+    raft: RaftConfig,
+}
+
+impl TestClusterBuilder {
+    /// Number of nodes (ids 1..=n).
+    pub fn nodes(mut self, n: u64) -> Self {
+        self.nodes = n;
+        self
+    }
+    /// Number of partitions.
+    pub fn partitions(mut self, p: u32) -> Self {
+        self.partitions = p;
+        self
+    }
+    /// Replicas per partition.
+    pub fn replication(mut self, r: u32) -> Self {
+        self.replication = r;
+        self
+    }
+    /// Strict path prefixes.
+    pub fn strict_prefixes(mut self, p: Vec<String>) -> Self {
+        self.strict_prefixes = p;
+        self
+    }
+    /// Relaxed staleness bound.
+    pub fn relaxed_staleness_ms(mut self, ms: u64) -> Self {
+        self.relaxed_staleness_ms = ms;
+        self
+    }
+    /// Snapshot every `n` entries, keeping `keep` entries behind it.
+    pub fn snapshots(mut self, n: u64, keep: u64) -> Self {
+        self.raft.snapshot_after_entries = n;
+        self.raft.keep_entries_after_snapshot = keep;
+        self
+    }
+
+    /// Starts the cluster and waits until every partition has a leader.
+    pub async fn start(self) -> anyhow::Result<TestCluster> {
+        let root = tempfile::Builder::new().prefix("talon-test-").tempdir()?;
+        let mut listeners = BTreeMap::new();
+        for id in 1..=self.nodes {
+            let l = TcpListener::bind("127.0.0.1:0").await?;
+            listeners.insert(id, l);
+        }
+        let entries: Vec<NodeEntry> = listeners
+            .iter()
+            .map(|(id, l)| Ok(NodeEntry { id: *id, addr: l.local_addr()?.to_string() }))
+            .collect::<std::io::Result<_>>()?;
+        let mut configs = BTreeMap::new();
+        let mut nodes = BTreeMap::new();
+        for (id, listener) in listeners {
+            let mut c = Config {
+                node_id: id,
+                listen: listener.local_addr()?.to_string(),
+                data_dir: root.path().join(format!("node{id}")),
+                ..Config::default()
+            };
+            c.cluster.nodes = entries.clone();
+            c.cluster.partitions = self.partitions;
+            c.cluster.replication = self.replication;
+            c.cluster.strict_prefixes = self.strict_prefixes.clone();
+            c.cluster.relaxed_staleness_ms = self.relaxed_staleness_ms;
+            c.raft = self.raft.clone();
+            let running = RunningNode::start(c.clone(), listener).await?;
+            configs.insert(id, c);
+            nodes.insert(id, Some(running));
+        }
+        let cluster = TestCluster { nodes, configs, _root: root };
+        cluster.wait_for_leaders().await?;
+        Ok(cluster)
+    }
+}
+
+/// N nodes in this process.
+pub struct TestCluster {
+    nodes: BTreeMap<u64, Option<RunningNode>>,
+    configs: BTreeMap<u64, Config>,
+    _root: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// A builder with defaults: 3 nodes, 8 partitions, 3 replicas.
+    pub fn builder() -> TestClusterBuilder {
+        TestClusterBuilder {
+            nodes: 3,
+            partitions: 8,
+            replication: 3,
+            strict_prefixes: vec!["/checkpoints".into(), "/control".into()],
+            relaxed_staleness_ms: 1000,
+            raft: RaftConfig { heartbeat_ms: 100, election_timeout_min_ms: 500, election_timeout_max_ms: 1000, ..RaftConfig::default() },
+        }
+    }
+
+    /// The address of every node, running or not.
+    pub fn addrs(&self) -> Vec<String> {
+        self.configs.values().map(|c| c.listen.clone()).collect()
+    }
+
+    /// The running node `id`.
+    pub fn node(&self, id: u64) -> Option<&RunningNode> {
+        self.nodes.get(&id).and_then(|n| n.as_ref())
+    }
+
+    /// Stops node `id` cleanly (its port and data are kept for a restart).
+    pub async fn stop_node(&mut self, id: u64) {
+        if let Some(n) = self.nodes.get_mut(&id).and_then(Option::take) {
+            n.shutdown().await;
+        }
+    }
+
+    /// Restarts a stopped node on its port and data directory.
+    pub async fn restart_node(&mut self, id: u64) -> anyhow::Result<()> {
+        let c = self.configs.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match TcpListener::bind(&c.listen).await {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("rebind {}: {e}", c.listen);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let running = RunningNode::start(c, listener).await?;
+        self.nodes.insert(id, Some(running));
+        Ok(())
+    }
+
+    /// The node that leads `partition`, if any running node claims it.
+    pub async fn leader_of(&self, partition: u32) -> Option<u64> {
+        for (id, n) in &self.nodes {
+            let Some(n) = n else { continue };
+            if let Some(p) = n.node.partitions.get(&partition) {
+                if p.raft.metrics().borrow().state == ServerState::Leader {
+                    return Some(*id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Waits (up to 30 s) until every partition has a leader among the running nodes.
+    pub async fn wait_for_leaders(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let partitions = self.configs.values().next().map(|c| c.cluster.partitions).unwrap_or(0);
+        loop {
+            let mut missing = Vec::new();
+            for p in 0..partitions {
+                if self.leader_of(p).await.is_none() {
+                    missing.push(p);
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("partitions without a leader after 30 s: {missing:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(mut self) {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.stop_node(id).await;
+        }
+    }
+}

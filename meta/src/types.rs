@@ -1,0 +1,321 @@
+//! The Raft type configuration and the replicated command language of a partition.
+//!
+//! A partition's log carries `Command`s. Every namespace change is expressed as a list of
+//! primitive `Op`s with preconditions; a single-partition change is one `Atomic` command,
+//! a multi-partition change is a `Prepare` on every participant, a `Decide` on the
+//! coordinator and a `Finish` on every participant (see `txn.rs`). Apply is deterministic:
+//! it reads nothing but the state machine and the command (ino allocation included), so
+//! every replica reaches the same state.
+
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+
+openraft::declare_raft_types!(
+    /// Talon's openraft type configuration: node ids are u64, nodes carry their address.
+    pub TypeConfig:
+        D = Command,
+        R = CommandResult,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// Raft handle of one partition group.
+pub type Raft = openraft::Raft<TypeConfig>;
+/// Node id.
+pub type NodeId = u64;
+/// Storage error of our type config.
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// A transaction id: the coordinator partition and a random number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TxId {
+    /// The partition whose log holds the commit/abort decision.
+    pub coordinator: u32,
+    /// Unique within the coordinator.
+    pub id: u64,
+}
+
+impl std::fmt::Display for TxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{:016x}", self.coordinator, self.id)
+    }
+}
+
+/// What a dentry must be for an op list to apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expect {
+    /// No entry of that name.
+    Absent,
+    /// An entry pointing at exactly this ino.
+    Ino(Ino),
+}
+
+/// The ino a new dentry points at: an existing inode, or one allocated by a `NewInode` of
+/// the same op list (by its position among the list's `NewInode`s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// An existing inode.
+    Existing(Ino),
+    /// The n-th inode this op list allocates.
+    New(u8),
+}
+
+/// Attribute changes of a setattr.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrChange {
+    /// New permission bits.
+    pub perm: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<Time>,
+    /// New modification time.
+    pub mtime: Option<Time>,
+}
+
+/// One primitive step of a namespace change on one partition. Preconditions (`Expect*`)
+/// are checked for the whole list before any mutation applies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Precondition: the command's epoch is not older than the partition's.
+    ExpectEpoch(u64),
+    /// Precondition: `dir` is a live directory (not removed, not fenced by an rmdir). When
+    /// `learn` is set, the partition records `dir` with class `class` in its set of known
+    /// live directories (lazy namespace replication).
+    ExpectDirLive {
+        /// The directory.
+        dir: Ino,
+        /// Its class, as learnt from its home partition.
+        class: Class,
+        /// Record it in the live-directory set.
+        learn: bool,
+    },
+    /// Precondition on a dentry.
+    ExpectDentry {
+        /// Parent directory.
+        parent: Ino,
+        /// Entry name.
+        name: Vec<u8>,
+        /// What it must be.
+        expect: Expect,
+    },
+    /// Precondition: this partition holds no entry (and no pending entry) of `dir`; takes
+    /// the directory's fence while prepared, so no create under `dir` can slip in.
+    ExpectEmpty(Ino),
+    /// Precondition: the inode exists (and, for `kind`, is of that kind).
+    ExpectInode {
+        /// The inode.
+        ino: Ino,
+        /// Required kind, if any.
+        kind: Option<FileKind>,
+    },
+    /// Allocate an ino on this partition and store an inode with these attributes (its
+    /// `ino` field is filled in) and, for a symlink, its target.
+    NewInode {
+        /// The attributes of the new inode.
+        attr: Box<Attr>,
+        /// Symlink target (empty for other kinds).
+        symlink: Vec<u8>,
+    },
+    /// Insert or replace a dentry.
+    PutDentry {
+        /// Parent directory.
+        parent: Ino,
+        /// Entry name.
+        name: Vec<u8>,
+        /// What it points at.
+        target: Target,
+        /// Kind of the target.
+        kind: FileKind,
+    },
+    /// Remove a dentry.
+    DelDentry {
+        /// Parent directory.
+        parent: Ino,
+        /// Entry name.
+        name: Vec<u8>,
+    },
+    /// Change an inode's link count and times; an inode whose count drops to zero (a
+    /// directory: to one or less, the "." link) is deleted with its xattrs.
+    AdjustInode {
+        /// The inode.
+        ino: Ino,
+        /// Link count change.
+        nlink: i32,
+        /// New parent, for a directory moved by rename.
+        parent: Option<Ino>,
+        /// Set mtime as well as ctime (a directory whose entries changed).
+        touch_mtime: bool,
+        /// The time to set.
+        now: Time,
+    },
+    /// Apply a setattr.
+    SetAttr {
+        /// The inode.
+        ino: Ino,
+        /// What to change.
+        change: AttrChange,
+        /// ctime to set.
+        now: Time,
+    },
+    /// Set (`value: Some`) or remove an xattr; flags as Linux setxattr.
+    Xattr {
+        /// The inode.
+        ino: Ino,
+        /// Attribute name.
+        name: Vec<u8>,
+        /// New value, or None to remove.
+        value: Option<Vec<u8>>,
+        /// 1 = must not exist, 2 = must exist.
+        flags: u32,
+        /// ctime to set.
+        now: Time,
+    },
+    /// Delete a directory inode with its xattrs (rmdir, or a directory replaced by rename).
+    DropInode(Ino),
+    /// Change a directory's class (its emptiness is checked by `ExpectEmpty` ops).
+    SetClass {
+        /// The directory.
+        dir: Ino,
+        /// Its new class.
+        class: Class,
+    },
+    /// Update the live-directory set's class of `dir`, where this partition knows it.
+    Relearn {
+        /// The directory.
+        dir: Ino,
+        /// Its new class.
+        class: Class,
+    },
+    /// Mark `dir` removed on this partition: creates under it fail with ENOENT forever.
+    Tombstone(Ino),
+    /// Raise the namespace epoch to at least this value (directory renames).
+    BumpEpoch(u64),
+    /// Best-effort directory attribute update: link count change and mtime/ctime. Never
+    /// fails and ignores locks (DESIGN.md: directory attributes may be updated
+    /// asynchronously); a missing directory is skipped.
+    TouchDir {
+        /// The directory.
+        dir: Ino,
+        /// Link count change (subdirectories created or removed).
+        nlink: i32,
+        /// Time to set as mtime/ctime if newer.
+        now: Time,
+    },
+}
+
+/// A command in a partition's Raft log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Apply an op list all-or-nothing on this partition.
+    Atomic(Vec<Op>),
+    /// Phase one of a multi-partition transaction: check the ops' preconditions, lock their
+    /// keys and allocate their inos, or refuse.
+    Prepare {
+        /// The transaction.
+        txid: TxId,
+        /// This partition's share of it.
+        ops: Vec<Op>,
+        /// Leader's wall clock in ms at proposal, for stale-intent recovery.
+        at_ms: u64,
+    },
+    /// Record the coordinator's decision; the first decision recorded wins.
+    Decide {
+        /// The transaction.
+        txid: TxId,
+        /// Commit (true) or abort.
+        commit: bool,
+    },
+    /// Phase two on a participant: apply (commit) or drop (abort) the prepared ops and
+    /// release their locks. A no-op when the transaction is not prepared here.
+    Finish {
+        /// The transaction.
+        txid: TxId,
+        /// Commit (true) or abort.
+        commit: bool,
+    },
+    /// Does nothing; proposed to commit an entry of the current term.
+    Noop,
+    /// Several commands merged into one proposal; each answers on its own.
+    Batch(Vec<Command>),
+}
+
+/// The answer of an applied command.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// Nothing to report (membership entries, blanks, no-ops).
+    #[default]
+    None,
+    /// An op list applied, or a transaction finished.
+    Applied(Outcome),
+    /// A transaction was prepared; the inos it allocated and the partition's epoch.
+    Prepared {
+        /// Inos allocated by the prepared `NewInode`s.
+        new_inos: Vec<Ino>,
+        /// The partition's namespace epoch.
+        epoch: u64,
+    },
+    /// The recorded decision of a transaction.
+    Decided(bool),
+    /// The command was refused.
+    Failed(ApplyError),
+    /// Answers of a batch, in order.
+    Batch(Vec<CommandResult>),
+}
+
+/// What an applied op list changed: the inodes it allocated and the attributes of every
+/// inode it touched (`None`: deleted).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Inos allocated by `NewInode`s, in order.
+    pub new_inos: Vec<Ino>,
+    /// Attributes after the change, per touched inode.
+    pub attrs: Vec<(Ino, Option<Attr>)>,
+    /// The partition's namespace epoch after the change.
+    pub epoch: u64,
+}
+
+impl Outcome {
+    /// The attributes of `ino` after the change, if it was touched and still exists.
+    pub fn attr(&self, ino: Ino) -> Option<&Attr> {
+        self.attrs.iter().rev().find(|(i, _)| *i == ino).and_then(|(_, a)| a.as_ref())
+    }
+}
+
+/// Why a command was refused, in a form the log can carry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApplyError {
+    /// A POSIX error for the user.
+    Posix(i32, String),
+    /// A transaction holds a key: retry shortly.
+    Locked(String),
+    /// The command's epoch is older than the partition's.
+    StaleEpoch(u64),
+    /// The command is malformed.
+    Invalid(String),
+}
+
+impl ApplyError {
+    /// A POSIX refusal.
+    pub fn posix(errno: Errno, msg: impl Into<String>) -> ApplyError {
+        ApplyError::Posix(errno.0, msg.into())
+    }
+}
+
+impl From<ApplyError> for TalonError {
+    fn from(e: ApplyError) -> TalonError {
+        match e {
+            ApplyError::Posix(errno, message) => TalonError::Posix { errno: Errno(errno), message },
+            ApplyError::Locked(m) => TalonError::Retry(m),
+            ApplyError::StaleEpoch(epoch) => TalonError::StaleEpoch { epoch },
+            ApplyError::Invalid(m) => TalonError::Invalid(m),
+        }
+    }
+}

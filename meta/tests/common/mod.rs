@@ -1,0 +1,133 @@
+//! Shared fixtures of the server's integration tests: an in-process cluster (re-exported
+//! from `talon_meta::testing`) and a cluster of real `talon-meta` processes that a test can
+//! SIGKILL, for crash tests. Every process is killed when the fixture drops.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use talon_client::{Client, ClientOptions};
+use talon_meta::config::{Config, NodeEntry, RaftConfig};
+
+pub use talon_meta::testing::TestCluster;
+
+/// A client of `addrs` with a generous per-operation deadline.
+pub async fn client(addrs: &[String]) -> Client {
+    let opts = ClientOptions { op_timeout: Duration::from_secs(60), ..ClientOptions::default() };
+    Client::connect(addrs, opts).await.expect("connect client")
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// N `talon-meta` processes on loopback, each with its own data directory.
+pub struct ProcCluster {
+    pub dir: tempfile::TempDir,
+    pub configs: Vec<PathBuf>,
+    pub addrs: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+impl ProcCluster {
+    /// Writes configs for `n` nodes and starts them.
+    pub fn start(n: u64, partitions: u32, raft: RaftConfig) -> ProcCluster {
+        let dir = tempfile::Builder::new().prefix("talon-proc-").tempdir().expect("temp dir");
+        let nodes: Vec<NodeEntry> = (1..=n).map(|id| NodeEntry { id, addr: format!("127.0.0.1:{}", free_port()) }).collect();
+        let mut configs = Vec::new();
+        for node in &nodes {
+            let mut c = Config {
+                node_id: node.id,
+                listen: node.addr.clone(),
+                data_dir: dir.path().join(format!("node{}", node.id)),
+                raft: raft.clone(),
+                ..Config::default()
+            };
+            c.cluster.nodes = nodes.clone();
+            c.cluster.partitions = partitions;
+            c.cluster.replication = n.min(3) as u32;
+            c.validate().expect("valid config");
+            let path = dir.path().join(format!("node{}.toml", node.id));
+            std::fs::write(&path, toml::to_string(&c).expect("encode config")).expect("write config");
+            configs.push(path);
+        }
+        let mut pc = ProcCluster { dir, configs, addrs: nodes.iter().map(|n| n.addr.clone()).collect(), children: Vec::new() };
+        for i in 0..n as usize {
+            let child = pc.spawn(i);
+            pc.children.push(Some(child));
+        }
+        pc
+    }
+
+    fn spawn(&self, i: usize) -> Child {
+        let log = std::fs::File::create(self.dir.path().join(format!("node{}.log", i + 1))).expect("log file");
+        Command::new(env!("CARGO_BIN_EXE_talon-meta"))
+            .arg("start")
+            .arg("--config")
+            .arg(&self.configs[i])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn talon-meta")
+    }
+
+    /// SIGKILLs node `id` (1-based): a crash, no clean shutdown.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut c) = self.children[(id - 1) as usize].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts node `id` again on its data directory.
+    pub fn restart(&mut self, id: u64) {
+        let child = self.spawn((id - 1) as usize);
+        self.children[(id - 1) as usize] = Some(child);
+    }
+
+    /// The node's log, for failure messages.
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node{id}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for ProcCluster {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().filter_map(Option::take) {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Raft timing for tests: quick elections, small snapshots where asked.
+pub fn test_raft(snapshot_after: u64, keep: u64) -> RaftConfig {
+    RaftConfig {
+        heartbeat_ms: 100,
+        election_timeout_min_ms: 500,
+        election_timeout_max_ms: 1000,
+        snapshot_after_entries: snapshot_after,
+        keep_entries_after_snapshot: keep,
+        txn_recovery_after_ms: 2000,
+    }
+}
+
+/// Polls `f` every 100 ms until it returns Some, or panics after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
