@@ -133,6 +133,11 @@ impl Client {
         self.cache().epoch()
     }
 
+    /// Numbers of cached directory entries and directory paths, for diagnostics.
+    pub fn cache_len(&self) -> (usize, usize) {
+        self.cache().sizes()
+    }
+
     /// The root directory's ino.
     pub fn root(&self) -> Ino {
         self.router().map().root_ino

@@ -25,6 +25,12 @@
 //!   always asked of the partition leader. Under a relaxed parent any entry may be cached,
 //!   and a relaxed stat may be answered from it within the TTL.
 //!
+//! - **Epoch 0.** On the wire, epoch 0 means "skip the check", and a namespace that has
+//!   never seen a directory rename is at epoch 0. A directory resolution filled at epoch 0
+//!   could not be caught by the server after the first rename, so at epoch 0 directories
+//!   are not cached at all (non-directory entries of relaxed directories still are, within
+//!   the TTL: they are never used to resolve a path).
+//!
 //! The cache never talks to the network; the client decides what to fill and invalidate.
 
 use dashmap::DashMap;
@@ -163,6 +169,9 @@ impl PathCache {
         if parent_class == Class::Strict && attr.kind != FileKind::Directory {
             return;
         }
+        if epoch == 0 && attr.kind == FileKind::Directory {
+            return;
+        }
         if epoch < self.epoch() {
             return;
         }
@@ -227,7 +236,7 @@ impl PathCache {
         now: Instant,
     ) {
         self.classes.insert(ino, class);
-        if epoch < self.epoch() {
+        if epoch == 0 || epoch < self.epoch() {
             return;
         }
         let expires = relaxed_on_path || class == Class::Relaxed;
@@ -278,7 +287,7 @@ impl PathCache {
     }
 
     /// Number of cached dentries and directory paths.
-    pub fn len(&self) -> (usize, usize) {
+    pub fn sizes(&self) -> (usize, usize) {
         (self.dentries.len(), self.dirs.len())
     }
 
@@ -404,12 +413,27 @@ mod tests {
     }
 
     #[test]
+    fn nothing_resolves_from_epoch_zero() {
+        let c = PathCache::new(0, TTL, 100);
+        let t0 = Instant::now();
+        let d = attr(11, FileKind::Directory, Class::Relaxed);
+        let f = attr(12, FileKind::Regular, Class::Relaxed);
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"d", &d, 0, t0);
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"f", &f, 0, t0);
+        c.insert_dir_at(b"/d", Ino(11), Class::Relaxed, 0, true, t0);
+        assert!(c.dentry_at(Ino(1), b"d", t0).is_none());
+        assert!(c.dir_at(b"/d", t0).is_none());
+        assert!(c.dentry_at(Ino(1), b"f", t0).is_some());
+        assert_eq!(c.class_of(Ino(11)), Some(Class::Relaxed));
+    }
+
+    #[test]
     fn capacity_is_bounded() {
         let c = PathCache::new(1, TTL, 16);
         let a = attr(10, FileKind::Regular, Class::Relaxed);
         for i in 0..(CAPACITY_CHECK_EVERY * 3) {
             c.insert_dentry(Ino(1), Class::Relaxed, format!("f{i}").as_bytes(), &a, 1);
         }
-        assert!(c.len().0 <= CAPACITY_CHECK_EVERY + 16);
+        assert!(c.sizes().0 <= CAPACITY_CHECK_EVERY + 16);
     }
 }

@@ -1,0 +1,105 @@
+//! Shared fixture of the client's integration tests: a real in-process cluster (every node
+//! a gRPC server on 127.0.0.1:0 with its own temporary data directory) and clients on it.
+//!
+//! Clusters of one test binary are started one at a time (a process-wide semaphore): the
+//! test machines are small, and Raft elections under a starved CPU make timing-sensitive
+//! tests flaky.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+use talon_client::{Client, ClientOptions, Errno, TalonError};
+use talon_meta::testing::TestCluster;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The staleness bound the fixture's clusters use.
+pub const STALENESS_MS: u64 = 500;
+
+/// The strict prefix the fixture's clusters use.
+pub const STRICT_PREFIX: &str = "/ckpt";
+
+fn gate() -> &'static std::sync::Arc<Semaphore> {
+    static GATE: OnceLock<std::sync::Arc<Semaphore>> = OnceLock::new();
+    GATE.get_or_init(|| std::sync::Arc::new(Semaphore::new(1)))
+}
+
+/// A running cluster and one client on it.
+pub struct Fixture {
+    /// The cluster.
+    pub cluster: TestCluster,
+    /// A client connected to every node.
+    pub client: Client,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Fixture {
+    /// A cluster of `nodes` nodes, 8 partitions, replication min(3, nodes).
+    pub async fn start(nodes: u64) -> Fixture {
+        let permit = gate()
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("gate is never closed");
+        let cluster = TestCluster::builder()
+            .nodes(nodes)
+            .partitions(8)
+            .replication(nodes.min(3) as u32)
+            .strict_prefixes(vec![STRICT_PREFIX.into()])
+            .relaxed_staleness_ms(STALENESS_MS)
+            .start()
+            .await
+            .expect("start the test cluster");
+        let client = connect(&cluster).await;
+        Fixture {
+            cluster,
+            client,
+            _permit: permit,
+        }
+    }
+
+    /// Another, independent client (its own cache and channels).
+    pub async fn other_client(&self) -> Client {
+        connect(&self.cluster).await
+    }
+
+    /// Stops every node.
+    pub async fn shutdown(self) {
+        self.cluster.shutdown().await;
+    }
+}
+
+/// A client on `cluster` with default options.
+pub async fn connect(cluster: &TestCluster) -> Client {
+    Client::connect(&cluster.addrs(), ClientOptions::default())
+        .await
+        .expect("connect a client")
+}
+
+/// The errno of a result that must be an error.
+#[track_caller]
+pub fn errno<T: std::fmt::Debug>(r: Result<T, TalonError>) -> Errno {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.errno(),
+    }
+}
+
+/// Polls `check` until it returns true or `limit` passes; returns whether it did.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,167 @@
+//! Rename: replace, RENAME_NOREPLACE, RENAME_EXCHANGE, directories, and moves between
+//! directories whose entries live on different partitions (never EXDEV).
+
+mod common;
+
+use common::{errno, Fixture};
+use talon_client::{Class, Errno, FileKind, MkdirOptions, RenameFlags};
+use talon_model::placement::entry_partition;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_flags() {
+    let fx = Fixture::start(3).await;
+    let c = &fx.client;
+    c.mkdir("/d", MkdirOptions::default()).await.expect("mkdir");
+    let a = c.create_file("/d/a", 0o644).await.expect("a");
+    let b = c.create_file("/d/b", 0o644).await.expect("b");
+
+    // Plain rename replaces the destination.
+    c.rename("/d/a", "/d/b").await.expect("replace");
+    assert_eq!(c.stat("/d/b").await.expect("stat b").ino, a.ino);
+    assert_eq!(errno(c.stat("/d/a").await), Errno::ENOENT);
+    assert_eq!(
+        errno(c.getattr(b.ino).await),
+        Errno::ENOENT,
+        "the replaced inode is gone"
+    );
+    assert_eq!(errno(c.rename("/d/a", "/d/c").await), Errno::ENOENT);
+
+    // NOREPLACE refuses an existing destination.
+    let c2 = c.create_file("/d/c", 0o644).await.expect("c");
+    let r = c
+        .rename_with_flags("/d/b", "/d/c", RenameFlags::NOREPLACE)
+        .await;
+    assert_eq!(errno(r), Errno::EEXIST);
+    c.rename_with_flags("/d/b", "/d/e", RenameFlags::NOREPLACE)
+        .await
+        .expect("noreplace to new");
+    assert_eq!(c.stat("/d/e").await.expect("stat e").ino, a.ino);
+
+    // EXCHANGE swaps two existing names, and needs both.
+    c.rename_with_flags("/d/e", "/d/c", RenameFlags::EXCHANGE)
+        .await
+        .expect("exchange");
+    assert_eq!(c.stat("/d/c").await.expect("stat").ino, a.ino);
+    assert_eq!(c.stat("/d/e").await.expect("stat").ino, c2.ino);
+    let r = c
+        .rename_with_flags("/d/e", "/d/none", RenameFlags::EXCHANGE)
+        .await;
+    assert_eq!(errno(r), Errno::ENOENT);
+    let both = RenameFlags {
+        noreplace: true,
+        exchange: true,
+    };
+    assert_eq!(
+        errno(c.rename_with_flags("/d/e", "/d/c", both).await),
+        Errno::EINVAL
+    );
+
+    // Renaming a name onto itself changes nothing.
+    c.rename("/d/c", "/d/c").await.expect("self rename");
+    assert_eq!(c.stat("/d/c").await.expect("stat").ino, a.ino);
+
+    // Directory rules.
+    c.mkdir("/d/sub", MkdirOptions::default())
+        .await
+        .expect("mkdir sub");
+    c.mkdir("/d/full", MkdirOptions::default())
+        .await
+        .expect("mkdir full");
+    c.create_file("/d/full/x", 0o644).await.expect("x");
+    assert_eq!(
+        errno(c.rename("/d/sub", "/d/sub/inner").await),
+        Errno::EINVAL
+    );
+    assert_eq!(errno(c.rename("/d/sub", "/d/full").await), Errno::ENOTEMPTY);
+    assert_eq!(errno(c.rename("/d/c", "/d/sub").await), Errno::EISDIR);
+    assert_eq!(errno(c.rename("/d/sub", "/d/c").await), Errno::ENOTDIR);
+    assert_eq!(errno(c.rename("/", "/x").await), Errno::EBUSY);
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renames_across_partitions_are_atomic_and_never_exdev() {
+    let fx = Fixture::start(3).await;
+    let c = &fx.client;
+    let src = c
+        .mkdir("/src", MkdirOptions::default())
+        .await
+        .expect("mkdir src");
+    let dst = c
+        .mkdir("/dst", MkdirOptions::default())
+        .await
+        .expect("mkdir dst");
+    let parts = c.cluster_map().partitions;
+
+    // Pick names whose source and destination entries land on different partitions.
+    let mut moved = 0;
+    for i in 0..40 {
+        let from = format!("f{i}");
+        let to = format!("g{i}");
+        let (ps, pd) = (
+            entry_partition(src.ino, from.as_bytes(), Class::Relaxed, parts),
+            entry_partition(dst.ino, to.as_bytes(), Class::Relaxed, parts),
+        );
+        if ps == pd {
+            continue;
+        }
+        let f = c
+            .create_file(format!("/src/{from}"), 0o644)
+            .await
+            .expect("create");
+        c.rename(format!("/src/{from}"), format!("/dst/{to}"))
+            .await
+            .expect("cross rename");
+        let st = c.stat(format!("/dst/{to}")).await.expect("stat moved");
+        assert_eq!(st.ino, f.ino, "the ino never changes");
+        assert_eq!(errno(c.stat(format!("/src/{from}")).await), Errno::ENOENT);
+        moved += 1;
+    }
+    assert!(moved >= 10, "only {moved} cross-partition pairs");
+
+    // Between a strict and a relaxed directory, both ways.
+    c.mkdir("/ckpt", MkdirOptions::default())
+        .await
+        .expect("strict dir");
+    let f = c
+        .create_file("/ckpt/step_1.tmp", 0o644)
+        .await
+        .expect("create tmp");
+    c.rename("/ckpt/step_1.tmp", "/ckpt/step_1.pt")
+        .await
+        .expect("checkpoint rename");
+    c.rename("/ckpt/step_1.pt", "/dst/step_1.pt")
+        .await
+        .expect("strict to relaxed");
+    c.rename("/dst/step_1.pt", "/ckpt/back.pt")
+        .await
+        .expect("relaxed to strict");
+    assert_eq!(c.stat("/ckpt/back.pt").await.expect("stat").ino, f.ino);
+
+    // A directory with contents moves as a whole; its children follow it.
+    c.mkdir(
+        "/src/tree/a",
+        MkdirOptions {
+            parents: true,
+            ..MkdirOptions::default()
+        },
+    )
+    .await
+    .expect("mkdir -p");
+    let leaf = c
+        .create_file("/src/tree/a/leaf", 0o644)
+        .await
+        .expect("leaf");
+    c.rename("/src/tree", "/dst/tree")
+        .await
+        .expect("move a tree");
+    assert_eq!(
+        c.stat("/dst/tree/a/leaf").await.expect("leaf moved").ino,
+        leaf.ino
+    );
+    assert_eq!(errno(c.stat("/src/tree").await), Errno::ENOENT);
+    assert_eq!(errno(c.stat("/src/tree/a/leaf").await), Errno::ENOENT);
+    let tree = c.stat("/dst/tree").await.expect("stat tree");
+    assert_eq!((tree.kind, tree.parent), (FileKind::Directory, dst.ino));
+    fx.shutdown().await;
+}
