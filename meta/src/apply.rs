@@ -89,7 +89,11 @@ pub struct View<'a> {
 impl<'a> View<'a> {
     /// A view over `db` with `base` staged.
     pub fn new(db: &'a DB, base: &'a Overlay) -> View<'a> {
-        View { db, base, own: Overlay::new() }
+        View {
+            db,
+            base,
+            own: Overlay::new(),
+        }
     }
 
     /// Reads a key.
@@ -109,7 +113,7 @@ impl<'a> View<'a> {
 
     /// True if any live key starts with `prefix`.
     pub fn prefix_any(&self, prefix: &[u8]) -> Result<bool, Fatal> {
-        for ov in [&self.own, &self.base] {
+        for ov in [&self.own, self.base] {
             let hit = ov
                 .range(prefix.to_vec()..)
                 .take_while(|(k, _)| k.starts_with(prefix))
@@ -158,7 +162,10 @@ impl<'a> View<'a> {
         }
         it.status()?;
         for ov in [self.base, &self.own] {
-            for (k, _) in ov.range(prefix.to_vec()..).take_while(|(k, _)| k.starts_with(prefix)) {
+            for (k, _) in ov
+                .range(prefix.to_vec()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+            {
                 out.insert(k.clone());
             }
         }
@@ -180,7 +187,9 @@ impl<'a> View<'a> {
     pub fn counter(&self, k: &[u8]) -> Result<u64, Fatal> {
         Ok(match self.get(k)? {
             Some(b) => u64::from_le_bytes(
-                b.as_slice().try_into().map_err(|_| Fatal::Corrupt("counter".into()))?,
+                b.as_slice()
+                    .try_into()
+                    .map_err(|_| Fatal::Corrupt("counter".into()))?,
             ),
             None => 0,
         })
@@ -198,16 +207,22 @@ impl<'a> View<'a> {
 
     /// Reads a dentry.
     pub fn dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>, Fatal> {
-        self.get(&keys::dentry(parent, name))?.map(|b| dec(&b, "dentry")).transpose()
+        self.get(&keys::dentry(parent, name))?
+            .map(|b| dec(&b, "dentry"))
+            .transpose()
     }
 
     /// Reads an inode.
     pub fn inode(&self, ino: Ino) -> Result<Option<InodeRec>, Fatal> {
-        self.get(&keys::inode(ino))?.map(|b| dec(&b, "inode")).transpose()
+        self.get(&keys::inode(ino))?
+            .map(|b| dec(&b, "inode"))
+            .transpose()
     }
 
     fn locked(&self, key: &[u8]) -> Result<Option<TxId>, Fatal> {
-        self.get(&keys::lock(key))?.map(|b| dec(&b, "lock")).transpose()
+        self.get(&keys::lock(key))?
+            .map(|b| dec(&b, "lock"))
+            .transpose()
     }
 }
 
@@ -298,10 +313,12 @@ impl Applier {
                     // A retried prepare: answer as the first time.
                     let rec: PreparedRec = dec(&b, "prepared")?;
                     let epoch = v.counter(meta::EPOCH)?;
-                    return Ok(CommandResult::Prepared { new_inos: rec.new_inos, epoch });
+                    return Ok(CommandResult::Prepared {
+                        new_inos: rec.new_inos,
+                        epoch,
+                    });
                 }
-                if v.get(&keys::decision(*txid))?.is_some() && txid.coordinator == self.partition
-                {
+                if v.get(&keys::decision(*txid))?.is_some() && txid.coordinator == self.partition {
                     // Already decided here (recovery aborted it): refuse a late prepare.
                     return Ok(CommandResult::Failed(ApplyError::Locked(format!(
                         "transaction {txid} already decided"
@@ -315,7 +332,12 @@ impl Applier {
                 for k in &locks {
                     v.put(keys::lock(k), enc(txid));
                 }
-                let rec = PreparedRec { ops: ops.clone(), new_inos: new_inos.clone(), locks, at_ms: *at_ms };
+                let rec = PreparedRec {
+                    ops: ops.clone(),
+                    new_inos: new_inos.clone(),
+                    locks,
+                    at_ms: *at_ms,
+                };
                 v.put(pk, enc(&rec));
                 let epoch = v.counter(meta::EPOCH)?;
                 Ok(CommandResult::Prepared { new_inos, epoch })
@@ -369,7 +391,9 @@ impl Applier {
         for k in lock_keys(ops) {
             if let Some(t) = v.locked(&k)? {
                 if Some(t) != txid {
-                    return Ok(Err(ApplyError::Locked(format!("key held by transaction {t}"))));
+                    return Ok(Err(ApplyError::Locked(format!(
+                        "key held by transaction {t}"
+                    ))));
                 }
             }
         }
@@ -383,16 +407,26 @@ impl Applier {
                 }
                 Op::ExpectDirLive { dir, learn, .. } => {
                     if v.get(&keys::tombstone(*dir))?.is_some() {
-                        return Ok(Err(posix(Errno::ENOENT, format!("directory {dir} was removed"))));
+                        return Ok(Err(posix(
+                            Errno::ENOENT,
+                            format!("directory {dir} was removed"),
+                        )));
                     }
                     if held_by_other(v.locked(&keys::fence(*dir))?) {
-                        return Ok(Err(ApplyError::Locked(format!("directory {dir} is being removed"))));
+                        return Ok(Err(ApplyError::Locked(format!(
+                            "directory {dir} is being removed"
+                        ))));
                     }
                     if dir.home() == self.partition {
                         match v.inode(*dir)? {
-                            None => return Ok(Err(posix(Errno::ENOENT, format!("no directory {dir}")))),
+                            None => {
+                                return Ok(Err(posix(Errno::ENOENT, format!("no directory {dir}"))))
+                            }
                             Some(r) if r.attr.kind != FileKind::Directory => {
-                                return Ok(Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory"))))
+                                return Ok(Err(posix(
+                                    Errno::ENOTDIR,
+                                    format!("{dir} is not a directory"),
+                                )))
                             }
                             Some(_) => {}
                         }
@@ -403,14 +437,24 @@ impl Applier {
                         ))));
                     }
                 }
-                Op::ExpectDentry { parent, name, expect } => {
+                Op::ExpectDentry {
+                    parent,
+                    name,
+                    expect,
+                } => {
                     let cur = v.dentry(*parent, name)?;
                     match (expect, cur) {
                         (Expect::Absent, Some(_)) => {
-                            return Ok(Err(posix(Errno::EEXIST, format!("{} exists", name_str(name)))))
+                            return Ok(Err(posix(
+                                Errno::EEXIST,
+                                format!("{} exists", name_str(name)),
+                            )))
                         }
                         (Expect::Ino(_), None) => {
-                            return Ok(Err(posix(Errno::ENOENT, format!("no entry {}", name_str(name)))))
+                            return Ok(Err(posix(
+                                Errno::ENOENT,
+                                format!("no entry {}", name_str(name)),
+                            )))
                         }
                         (Expect::Ino(i), Some(d)) if d.ino != *i => {
                             return Ok(Err(ApplyError::Locked(format!(
@@ -441,21 +485,33 @@ impl Applier {
                         } else {
                             Errno::EINVAL
                         };
-                        return Ok(Err(posix(errno, format!("inode {ino} is a {:?}", r.attr.kind))));
+                        return Ok(Err(posix(
+                            errno,
+                            format!("inode {ino} is a {:?}", r.attr.kind),
+                        )));
                     }
                     _ => {}
                 },
                 Op::SetAttr { ino, change, .. } => match v.inode(*ino)? {
                     None => return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}")))),
                     Some(r) if change.size.is_some() && r.attr.kind == FileKind::Directory => {
-                        return Ok(Err(posix(Errno::EISDIR, "cannot set the size of a directory")))
+                        return Ok(Err(posix(
+                            Errno::EISDIR,
+                            "cannot set the size of a directory",
+                        )))
                     }
                     Some(r) if change.size.is_some() && r.attr.kind != FileKind::Regular => {
                         return Ok(Err(posix(Errno::EINVAL, "size of a special file")))
                     }
                     _ => {}
                 },
-                Op::Xattr { ino, name, value, flags, .. } => {
+                Op::Xattr {
+                    ino,
+                    name,
+                    value,
+                    flags,
+                    ..
+                } => {
                     if v.inode(*ino)?.is_none() {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
@@ -467,7 +523,9 @@ impl Applier {
                         return Ok(Err(posix(Errno::ENODATA, "no such xattr")));
                     }
                 }
-                Op::AdjustInode { ino, .. } | Op::DropInode(ino) | Op::SetClass { dir: ino, .. } => {
+                Op::AdjustInode { ino, .. }
+                | Op::DropInode(ino)
+                | Op::SetClass { dir: ino, .. } => {
                     if v.inode(*ino)?.is_none() {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
@@ -485,14 +543,19 @@ impl Applier {
     }
 
     fn allocate(&self, v: &mut View<'_>, ops: &[Op]) -> Result<Vec<Ino>, Fatal> {
-        let n = ops.iter().filter(|o| matches!(o, Op::NewInode { .. })).count();
+        let n = ops
+            .iter()
+            .filter(|o| matches!(o, Op::NewInode { .. }))
+            .count();
         if n == 0 {
             return Ok(Vec::new());
         }
         // Counter 0 is never used; 1 on partition 0 is the root.
         let next = v.counter(meta::NEXT_INO)?.max(2);
         v.set_counter(meta::NEXT_INO, next + n as u64);
-        Ok((0..n as u64).map(|i| Ino::new(self.partition, next + i)).collect())
+        Ok((0..n as u64)
+            .map(|i| Ino::new(self.partition, next + i))
+            .collect())
     }
 
     fn mutate(
@@ -501,7 +564,10 @@ impl Applier {
         ops: &[Op],
         new_inos: &[Ino],
     ) -> Result<Result<Outcome, ApplyError>, Fatal> {
-        let mut out = Outcome { new_inos: new_inos.to_vec(), ..Outcome::default() };
+        let mut out = Outcome {
+            new_inos: new_inos.to_vec(),
+            ..Outcome::default()
+        };
         let mut next_new = 0usize;
         let target = |t: &Target| -> Result<Ino, ApplyError> {
             match t {
@@ -526,11 +592,22 @@ impl Applier {
                     next_new += 1;
                     let mut attr = (**attr).clone();
                     attr.ino = ino;
-                    v.put(keys::inode(ino), enc(&InodeRec { attr: attr.clone(), symlink: symlink.clone() }));
+                    v.put(
+                        keys::inode(ino),
+                        enc(&InodeRec {
+                            attr: attr.clone(),
+                            symlink: symlink.clone(),
+                        }),
+                    );
                     v.add_counter(meta::INODES, 1)?;
                     out.attrs.push((ino, Some(attr)));
                 }
-                Op::PutDentry { parent, name, target: t, kind } => {
+                Op::PutDentry {
+                    parent,
+                    name,
+                    target: t,
+                    kind,
+                } => {
                     let ino = match target(t) {
                         Ok(i) => i,
                         Err(e) => return Ok(Err(e)),
@@ -548,8 +625,16 @@ impl Applier {
                         v.del(k);
                     }
                 }
-                Op::AdjustInode { ino, nlink, parent, touch_mtime, now } => {
-                    let Some(mut rec) = v.inode(*ino)? else { continue };
+                Op::AdjustInode {
+                    ino,
+                    nlink,
+                    parent,
+                    touch_mtime,
+                    now,
+                } => {
+                    let Some(mut rec) = v.inode(*ino)? else {
+                        continue;
+                    };
                     rec.attr.nlink = (rec.attr.nlink as i64 + *nlink as i64).max(0) as u32;
                     rec.attr.ctime = *now;
                     if *touch_mtime {
@@ -573,12 +658,20 @@ impl Applier {
                     out.attrs.push((*ino, None));
                 }
                 Op::SetAttr { ino, change, now } => {
-                    let Some(mut rec) = v.inode(*ino)? else { continue };
+                    let Some(mut rec) = v.inode(*ino)? else {
+                        continue;
+                    };
                     apply_change(&mut rec.attr, change, *now);
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
                 }
-                Op::Xattr { ino, name, value, now, .. } => {
+                Op::Xattr {
+                    ino,
+                    name,
+                    value,
+                    now,
+                    ..
+                } => {
                     match value {
                         Some(val) => v.put(keys::xattr(*ino, name), val.clone()),
                         None => v.del(keys::xattr(*ino, name)),
@@ -611,7 +704,9 @@ impl Applier {
                     v.set_counter(meta::EPOCH, cur.max(*e));
                 }
                 Op::TouchDir { dir, nlink, now } => {
-                    let Some(mut rec) = v.inode(*dir)? else { continue };
+                    let Some(mut rec) = v.inode(*dir)? else {
+                        continue;
+                    };
                     if rec.attr.kind != FileKind::Directory {
                         continue;
                     }
@@ -694,6 +789,10 @@ pub fn fresh_attr(
         generation: 0,
         class,
         rdev,
-        parent: if kind == FileKind::Directory { parent } else { Ino(0) },
+        parent: if kind == FileKind::Directory {
+            parent
+        } else {
+            Ino(0)
+        },
     }
 }

@@ -86,7 +86,10 @@ impl Default for Config {
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
-            nodes: vec![NodeEntry { id: 1, addr: "127.0.0.1:7001".into() }],
+            nodes: vec![NodeEntry {
+                id: 1,
+                addr: "127.0.0.1:7001".into(),
+            }],
             partitions: 16,
             replication: 1,
             strict_prefixes: vec!["/checkpoints".into(), "/control".into()],
@@ -124,7 +127,10 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key, reason: reason.into() }
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
 }
 
 impl Config {
@@ -143,25 +149,40 @@ impl Config {
         ids.sort_unstable();
         ids.dedup();
         if ids.len() != c.nodes.len() || ids.first() == Some(&0) {
-            return Err(invalid("cluster.nodes", "node ids must be unique and non-zero"));
+            return Err(invalid(
+                "cluster.nodes",
+                "node ids must be unique and non-zero",
+            ));
         }
         for n in &c.nodes {
             if n.addr.parse::<std::net::SocketAddr>().is_err() && !n.addr.contains(':') {
-                return Err(invalid("cluster.nodes", format!("address {:?} is not host:port", n.addr)));
+                return Err(invalid(
+                    "cluster.nodes",
+                    format!("address {:?} is not host:port", n.addr),
+                ));
             }
         }
         if !c.nodes.iter().any(|n| n.id == self.node_id) {
-            return Err(invalid("node_id", format!("{} is not in cluster.nodes", self.node_id)));
+            return Err(invalid(
+                "node_id",
+                format!("{} is not in cluster.nodes", self.node_id),
+            ));
         }
         if c.partitions == 0 || c.partitions > talon_model::ino::MAX_PARTITIONS {
             return Err(invalid("cluster.partitions", "must be 1..=65536"));
         }
         if c.replication == 0 || c.replication as usize > c.nodes.len() {
-            return Err(invalid("cluster.replication", "must be 1..=number of nodes"));
+            return Err(invalid(
+                "cluster.replication",
+                "must be 1..=number of nodes",
+            ));
         }
         for p in &c.strict_prefixes {
             if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
-                return Err(invalid("cluster.strict_prefixes", format!("{p:?}: absolute, no trailing /")));
+                return Err(invalid(
+                    "cluster.strict_prefixes",
+                    format!("{p:?}: absolute, no trailing /"),
+                ));
             }
         }
         if c.max_batch == 0 || c.max_batch > 65_536 {
@@ -175,10 +196,16 @@ impl Config {
             return Err(invalid("raft.heartbeat_ms", "must be positive"));
         }
         if r.election_timeout_min_ms <= r.heartbeat_ms {
-            return Err(invalid("raft.election_timeout_min_ms", "must exceed raft.heartbeat_ms"));
+            return Err(invalid(
+                "raft.election_timeout_min_ms",
+                "must exceed raft.heartbeat_ms",
+            ));
         }
         if r.election_timeout_max_ms <= r.election_timeout_min_ms {
-            return Err(invalid("raft.election_timeout_max_ms", "must exceed the minimum"));
+            return Err(invalid(
+                "raft.election_timeout_max_ms",
+                "must exceed the minimum",
+            ));
         }
         if r.snapshot_after_entries == 0 {
             return Err(invalid("raft.snapshot_after_entries", "must be positive"));
@@ -194,7 +221,11 @@ impl Config {
 
     /// The address of node `id`.
     pub fn addr_of(&self, id: u64) -> Option<&str> {
-        self.cluster.nodes.iter().find(|n| n.id == id).map(|n| n.addr.as_str())
+        self.cluster
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.addr.as_str())
     }
 }
 
@@ -203,7 +234,9 @@ pub fn replicas(cluster: &ClusterConfig, partition: u32) -> Vec<u64> {
     let mut ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
     ids.sort_unstable();
     let n = ids.len();
-    let mut out: Vec<u64> = (0..cluster.replication as usize).map(|i| ids[(partition as usize + i) % n]).collect();
+    let mut out: Vec<u64> = (0..cluster.replication as usize)
+        .map(|i| ids[(partition as usize + i) % n])
+        .collect();
     out.sort_unstable();
     out
 }
@@ -229,17 +262,33 @@ mod tests {
     fn bad_values_name_their_key() {
         let mut c = Config::default();
         c.cluster.replication = 3;
-        assert!(matches!(c.validate(), Err(ConfigError::Invalid { key: "cluster.replication", .. })));
-        let mut c = Config::default();
-        c.node_id = 9;
-        assert!(matches!(c.validate(), Err(ConfigError::Invalid { key: "node_id", .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Invalid {
+                key: "cluster.replication",
+                ..
+            })
+        ));
+        let c = Config {
+            node_id: 9,
+            ..Config::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Invalid { key: "node_id", .. })
+        ));
         assert!(Config::from_toml("unknown_key = 1").is_err());
     }
 
     #[test]
     fn replicas_spread_and_are_distinct() {
         let mut c = Config::default();
-        c.cluster.nodes = (1..=3).map(|id| NodeEntry { id, addr: format!("127.0.0.1:{}", 7000 + id) }).collect();
+        c.cluster.nodes = (1..=3)
+            .map(|id| NodeEntry {
+                id,
+                addr: format!("127.0.0.1:{}", 7000 + id),
+            })
+            .collect();
         c.cluster.replication = 2;
         for p in 0..8 {
             let r = c.replicas(p);

@@ -152,7 +152,10 @@ pub fn ino_at(key: &[u8], at: usize) -> Option<Ino> {
 pub fn txid_of(key: &[u8]) -> Option<TxId> {
     let c: [u8; 4] = key.get(1..5)?.try_into().ok()?;
     let i: [u8; 8] = key.get(5..13)?.try_into().ok()?;
-    Some(TxId { coordinator: u32::from_be_bytes(c), id: u64::from_be_bytes(i) })
+    Some(TxId {
+        coordinator: u32::from_be_bytes(c),
+        id: u64::from_be_bytes(i),
+    })
 }
 
 #[cfg(test)]
@@ -171,7 +174,10 @@ mod tests {
 
     #[test]
     fn txid_round_trips() {
-        let t = TxId { coordinator: 7, id: 0xdead_beef };
+        let t = TxId {
+            coordinator: 7,
+            id: 0xdead_beef,
+        };
         assert_eq!(txid_of(&prepared(t)), Some(t));
     }
 }

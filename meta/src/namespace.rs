@@ -42,7 +42,12 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
 }
 
 fn check_name(name: &[u8]) -> Result<(), TalonError> {
-    validate_name(name).map_err(|e| posix(e, format!("invalid name {:?}", String::from_utf8_lossy(name))))
+    validate_name(name).map_err(|e| {
+        posix(
+            e,
+            format!("invalid name {:?}", String::from_utf8_lossy(name)),
+        )
+    })
 }
 
 /// The class of `dir` as its home partition knows it: ENOENT if removed or absent,
@@ -59,7 +64,9 @@ pub fn home_dir_class(part: &Partition, dir: Ino) -> Result<Class, TalonError> {
         .map_err(storage_error)?;
     match rec {
         None => Err(posix(Errno::ENOENT, format!("no directory {dir}"))),
-        Some(r) if r.attr.kind != FileKind::Directory => Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory"))),
+        Some(r) if r.attr.kind != FileKind::Directory => {
+            Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory")))
+        }
         Some(r) => Ok(r.attr.class),
     }
 }
@@ -100,7 +107,12 @@ impl Node {
 
     /// Checks the caller may read from `part`: a relaxed read within the staleness bound,
     /// or a linearizable one through the leader; then the client's epoch.
-    pub async fn read_guard(&self, part: &Partition, relaxed: bool, epoch: u64) -> Result<(), TalonError> {
+    pub async fn read_guard(
+        &self,
+        part: &Partition,
+        relaxed: bool,
+        epoch: u64,
+    ) -> Result<(), TalonError> {
         let bound = Duration::from_millis(self.config.cluster.relaxed_staleness_ms);
         if !(relaxed && part.relaxed_ok(bound)) {
             part.linearizable().await?;
@@ -137,13 +149,20 @@ impl Node {
             Some(None) => Err(posix(Errno::ENOENT, format!("directory {dir} was removed"))),
             None => match self.peer(dir.home(), PeerRequest::DirInfo(dir)).await? {
                 PeerReply::Dir(c) => Ok((c, true)),
-                other => Err(TalonError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(TalonError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             },
         }
     }
 
     /// The class of `dir`, checking that `(dir, name)` belongs to partition `p`.
-    async fn entry_class(&self, part: &Partition, dir: Ino, name: &[u8]) -> Result<(Class, bool), TalonError> {
+    async fn entry_class(
+        &self,
+        part: &Partition,
+        dir: Ino,
+        name: &[u8],
+    ) -> Result<(Class, bool), TalonError> {
         let (class, learn) = self.dir_class(part, dir).await?;
         let want = entry_partition(dir, name, class, self.partitions_count());
         if want != part.id {
@@ -161,14 +180,26 @@ impl Node {
     async fn read_inode(&self, ino: Ino) -> Result<Option<InodeRec>, TalonError> {
         match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await? {
             PeerReply::Inode(r) => Ok(r),
-            other => Err(TalonError::Unavailable(format!("unexpected reply {other:?}"))),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected reply {other:?}"
+            ))),
         }
     }
 
-    async fn read_dentry(&self, p: u32, parent: Ino, name: &[u8]) -> Result<Option<Dentry>, TalonError> {
-        match self.peer(p, PeerRequest::ReadDentry(parent, name.to_vec())).await? {
+    async fn read_dentry(
+        &self,
+        p: u32,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<Option<Dentry>, TalonError> {
+        match self
+            .peer(p, PeerRequest::ReadDentry(parent, name.to_vec()))
+            .await?
+        {
             PeerReply::Dentry(d) => Ok(d),
-            other => Err(TalonError::Unavailable(format!("unexpected reply {other:?}"))),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected reply {other:?}"
+            ))),
         }
     }
 
@@ -179,27 +210,44 @@ impl Node {
         } else {
             self.read_inode(ino).await?
         };
-        rec.map(|r| r.attr).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
+        rec.map(|r| r.attr)
+            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 
     /// Looks up `name` in `parent` on partition `p`.
-    pub async fn lookup(&self, p: u32, relaxed: bool, epoch: u64, parent: Ino, name: &[u8]) -> Result<(Attr, u64), TalonError> {
+    pub async fn lookup(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<(Attr, u64), TalonError> {
         check_name(name)?;
         let part = self.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
         // Validate placement when the class is known here; an unknown parent is not
         // fetched for a read (absent entries answer ENOENT either way).
         let known_class = if parent.home() == p {
-            part.store.read(|v| v.inode(parent)).map_err(storage_error)?.map(|r| r.attr.class)
+            part.store
+                .read(|v| v.inode(parent))
+                .map_err(storage_error)?
+                .map(|r| r.attr.class)
         } else {
             part.store
-                .read(|v| v.get(&crate::keys::live_dir(parent))?.map(|b| crate::apply::dec::<Class>(&b, "live dir")).transpose())
+                .read(|v| {
+                    v.get(&crate::keys::live_dir(parent))?
+                        .map(|b| crate::apply::dec::<Class>(&b, "live dir"))
+                        .transpose()
+                })
                 .map_err(storage_error)?
         };
         if let Some(c) = known_class {
             let want = entry_partition(parent, name, c, self.partitions_count());
             if want != p {
-                return Err(TalonError::WrongPartition(format!("entry lives on partition {want}")));
+                return Err(TalonError::WrongPartition(format!(
+                    "entry lives on partition {want}"
+                )));
             }
         }
         let (dentry, locked, cur_epoch) = part
@@ -207,20 +255,40 @@ impl Node {
             .read(|v| {
                 let key = crate::keys::dentry(parent, name);
                 let locked = v.get(&crate::keys::lock(&key))?.is_some();
-                Ok((v.dentry(parent, name)?, locked, v.counter(crate::keys::meta::EPOCH)?))
+                Ok((
+                    v.dentry(parent, name)?,
+                    locked,
+                    v.counter(crate::keys::meta::EPOCH)?,
+                ))
             })
             .map_err(storage_error)?;
         if locked {
-            return Err(TalonError::Retry("entry is being changed by a transaction".into()));
+            return Err(TalonError::Retry(
+                "entry is being changed by a transaction".into(),
+            ));
         }
-        let d = dentry.ok_or_else(|| posix(Errno::ENOENT, format!("no entry {:?}", String::from_utf8_lossy(name))))?;
+        let d = dentry.ok_or_else(|| {
+            posix(
+                Errno::ENOENT,
+                format!("no entry {:?}", String::from_utf8_lossy(name)),
+            )
+        })?;
         Ok((self.attr_of(part, d.ino).await?, cur_epoch))
     }
 
     /// Attributes of `ino` (served by its home partition).
-    pub async fn getattr(&self, p: u32, relaxed: bool, epoch: u64, ino: Ino) -> Result<Attr, TalonError> {
+    pub async fn getattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+    ) -> Result<Attr, TalonError> {
         if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!("inode {ino} lives on partition {}", ino.home())));
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
         }
         let part = self.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
@@ -228,21 +296,47 @@ impl Node {
     }
 
     /// Applies a setattr at the inode's home.
-    pub async fn setattr(&self, p: u32, epoch: u64, ino: Ino, change: AttrChange) -> Result<Attr, TalonError> {
+    pub async fn setattr(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        change: AttrChange,
+    ) -> Result<Attr, TalonError> {
         if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!("inode {ino} lives on partition {}", ino.home())));
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
         }
         self.local(p)?;
-        let ops = vec![Op::ExpectEpoch(epoch), Op::SetAttr { ino, change, now: Time::now() }];
-        let out = self.run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) }).await?;
+        let ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::SetAttr {
+                ino,
+                change,
+                now: Time::now(),
+            },
+        ];
+        let out = self
+            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
+            .await?;
         outcome_attr(&out, ino).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 
     /// Plans a create of `name` in `parent` on `part`.
-    async fn plan_create(&self, part: &Partition, epoch: u64, parent: Ino, name: &[u8], spec: &CreateSpec) -> Result<Vec<Op>, TalonError> {
+    async fn plan_create(
+        &self,
+        part: &Partition,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+        spec: &CreateSpec,
+    ) -> Result<Vec<Op>, TalonError> {
         check_name(name)?;
         if spec.kind == FileKind::Symlink {
-            validate_symlink_target(&spec.symlink).map_err(|e| posix(e, "invalid symlink target"))?;
+            validate_symlink_target(&spec.symlink)
+                .map_err(|e| posix(e, "invalid symlink target"))?;
         }
         let (pclass, learn) = self.entry_class(part, parent, name).await?;
         let class = match spec.kind {
@@ -250,28 +344,62 @@ impl Node {
             _ => pclass,
         };
         let now = Time::now();
-        let size = if spec.kind == FileKind::Symlink { spec.symlink.len() as u64 } else { 0 };
-        let attr = fresh_attr(spec.kind, spec.perm, spec.uid, spec.gid, spec.rdev, size, class, parent, now);
+        let size = if spec.kind == FileKind::Symlink {
+            spec.symlink.len() as u64
+        } else {
+            0
+        };
+        let attr = fresh_attr(
+            spec.kind, spec.perm, spec.uid, spec.gid, spec.rdev, size, class, parent, now,
+        );
         let mut ops = vec![
             Op::ExpectEpoch(epoch),
-            Op::ExpectDirLive { dir: parent, class: pclass, learn },
-            Op::ExpectDentry { parent, name: name.to_vec(), expect: Expect::Absent },
-            Op::NewInode { attr: Box::new(attr), symlink: spec.symlink.clone() },
-            Op::PutDentry { parent, name: name.to_vec(), target: Target::New(0), kind: spec.kind },
+            Op::ExpectDirLive {
+                dir: parent,
+                class: pclass,
+                learn,
+            },
+            Op::ExpectDentry {
+                parent,
+                name: name.to_vec(),
+                expect: Expect::Absent,
+            },
+            Op::NewInode {
+                attr: Box::new(attr),
+                symlink: spec.symlink.clone(),
+            },
+            Op::PutDentry {
+                parent,
+                name: name.to_vec(),
+                target: Target::New(0),
+                kind: spec.kind,
+            },
         ];
         if parent.home() == part.id {
             let nlink = i32::from(spec.kind == FileKind::Directory);
-            ops.push(Op::TouchDir { dir: parent, nlink, now });
+            ops.push(Op::TouchDir {
+                dir: parent,
+                nlink,
+                now,
+            });
         }
         Ok(ops)
     }
 
     /// Creates a file, directory, symlink or special file.
-    pub async fn create(&self, p: u32, epoch: u64, parent: Ino, name: &[u8], spec: &CreateSpec) -> Result<(Attr, u64), TalonError> {
+    pub async fn create(
+        &self,
+        p: u32,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+        spec: &CreateSpec,
+    ) -> Result<(Attr, u64), TalonError> {
         let part = self.local(p)?;
         let ops = self.plan_create(part, epoch, parent, name, spec).await?;
         let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-        self.finish_create(part, epoch, parent, name, spec, res).await
+        self.finish_create(part, epoch, parent, name, spec, res)
+            .await
     }
 
     async fn finish_create(
@@ -285,39 +413,68 @@ impl Node {
     ) -> Result<(Attr, u64), TalonError> {
         match res {
             CommandResult::Applied(o) => {
-                let ino = o.new_inos.first().copied().ok_or_else(|| TalonError::Unavailable("create allocated no inode".into()))?;
+                let ino =
+                    o.new_inos.first().copied().ok_or_else(|| {
+                        TalonError::Unavailable("create allocated no inode".into())
+                    })?;
                 if parent.home() != part.id {
-                    self.touch_dir(parent, i32::from(spec.kind == FileKind::Directory), Time::now());
+                    self.touch_dir(
+                        parent,
+                        i32::from(spec.kind == FileKind::Directory),
+                        Time::now(),
+                    );
                 }
-                let attr = o.attr(ino).cloned().ok_or_else(|| TalonError::Unavailable("create returned no attributes".into()))?;
+                let attr = o.attr(ino).cloned().ok_or_else(|| {
+                    TalonError::Unavailable("create returned no attributes".into())
+                })?;
                 Ok((attr, o.epoch))
             }
-            CommandResult::Failed(crate::types::ApplyError::Posix(17, _)) if !spec.exclusive && spec.kind == FileKind::Regular => {
+            CommandResult::Failed(crate::types::ApplyError::Posix(17, _))
+                if !spec.exclusive && spec.kind == FileKind::Regular =>
+            {
                 let (attr, e) = self.lookup(part.id, false, epoch, parent, name).await?;
                 match attr.kind {
-                    FileKind::Directory => Err(posix(Errno::EISDIR, "a directory of that name exists")),
+                    FileKind::Directory => {
+                        Err(posix(Errno::EISDIR, "a directory of that name exists"))
+                    }
                     _ => Ok((attr, e)),
                 }
             }
             CommandResult::Failed(e) => Err(e.into()),
-            other => Err(TalonError::Unavailable(format!("unexpected result {other:?}"))),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected result {other:?}"
+            ))),
         }
     }
 
     /// Many creates for one partition: planned separately, proposed concurrently so the
     /// proposer merges them into one Raft entry. Results in input order.
-    pub async fn create_batch(&self, p: u32, epoch: u64, items: Vec<(Ino, Vec<u8>, CreateSpec)>) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
+    pub async fn create_batch(
+        &self,
+        p: u32,
+        epoch: u64,
+        items: Vec<(Ino, Vec<u8>, CreateSpec)>,
+    ) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
         let part = self.local(p)?;
         let futs = items.into_iter().map(|(parent, name, spec)| async move {
             let ops = self.plan_create(part, epoch, parent, &name, &spec).await?;
             let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-            self.finish_create(part, epoch, parent, &name, &spec, res).await.map(|(a, _)| a)
+            self.finish_create(part, epoch, parent, &name, &spec, res)
+                .await
+                .map(|(a, _)| a)
         });
         Ok(futures::future::join_all(futs).await)
     }
 
     /// Unlinks a non-directory (`directory == false`) or removes an empty directory.
-    pub async fn remove(&self, p: u32, epoch: u64, parent: Ino, name: &[u8], directory: bool) -> Result<(Ino, u32), TalonError> {
+    pub async fn remove(
+        &self,
+        p: u32,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+        directory: bool,
+    ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
         let part = self.local(p)?;
         let mut last = TalonError::Retry("remove did not settle".into());
@@ -333,21 +490,40 @@ impl Node {
         Err(last)
     }
 
-    async fn remove_once(&self, part: &Partition, epoch: u64, parent: Ino, name: &[u8], directory: bool) -> Result<(Ino, u32), TalonError> {
+    async fn remove_once(
+        &self,
+        part: &Partition,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+        directory: bool,
+    ) -> Result<(Ino, u32), TalonError> {
         self.entry_class(part, parent, name).await?;
         part.linearizable().await?;
         let d = part
             .store
             .read(|v| v.dentry(parent, name))
             .map_err(storage_error)?
-            .ok_or_else(|| posix(Errno::ENOENT, format!("no entry {:?}", String::from_utf8_lossy(name))))?;
+            .ok_or_else(|| {
+                posix(
+                    Errno::ENOENT,
+                    format!("no entry {:?}", String::from_utf8_lossy(name)),
+                )
+            })?;
         let now = Time::now();
         let p = part.id;
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         let entry_ops = vec![
             Op::ExpectEpoch(epoch),
-            Op::ExpectDentry { parent, name: name.to_vec(), expect: Expect::Ino(d.ino) },
-            Op::DelDentry { parent, name: name.to_vec() },
+            Op::ExpectDentry {
+                parent,
+                name: name.to_vec(),
+                expect: Expect::Ino(d.ino),
+            },
+            Op::DelDentry {
+                parent,
+                name: name.to_vec(),
+            },
         ];
         parts.insert(p, entry_ops);
         if d.kind == FileKind::Directory {
@@ -360,11 +536,24 @@ impl Node {
             if directory {
                 return Err(posix(Errno::ENOTDIR, "not a directory"));
             }
-            parts.entry(d.ino.home()).or_default().push(Op::AdjustInode { ino: d.ino, nlink: -1, parent: None, touch_mtime: false, now });
+            parts
+                .entry(d.ino.home())
+                .or_default()
+                .push(Op::AdjustInode {
+                    ino: d.ino,
+                    nlink: -1,
+                    parent: None,
+                    touch_mtime: false,
+                    now,
+                });
         }
         if parent.home() == p && parts.len() == 1 {
             if let Some(ops) = parts.get_mut(&p) {
-                ops.push(Op::TouchDir { dir: parent, nlink: -i32::from(directory), now });
+                ops.push(Op::TouchDir {
+                    dir: parent,
+                    nlink: -i32::from(directory),
+                    now,
+                });
             }
         }
         let single = parts.len() == 1;
@@ -389,16 +578,30 @@ impl Node {
             ops.push(Op::Tombstone(dir));
         }
         let home = parts.entry(dir.home()).or_default();
-        home.push(Op::ExpectInode { ino: dir, kind: Some(FileKind::Directory) });
+        home.push(Op::ExpectInode {
+            ino: dir,
+            kind: Some(FileKind::Directory),
+        });
         home.push(Op::DropInode(dir));
     }
 
     /// Renames `(sp, sn)` to `(dp, dn)`; served by the source entry's partition.
     #[allow(clippy::too_many_arguments)]
-    pub async fn rename(&self, p: u32, epoch: u64, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<u64, TalonError> {
+    pub async fn rename(
+        &self,
+        p: u32,
+        epoch: u64,
+        sp: Ino,
+        sn: &[u8],
+        dp: Ino,
+        dn: &[u8],
+        flags: u32,
+    ) -> Result<u64, TalonError> {
         check_name(sn)?;
         check_name(dn)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == (RENAME_NOREPLACE | RENAME_EXCHANGE) {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == (RENAME_NOREPLACE | RENAME_EXCHANGE)
+        {
             return Err(posix(Errno::EINVAL, format!("rename flags {flags:#x}")));
         }
         let part = self.local(p)?;
@@ -416,7 +619,16 @@ impl Node {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn rename_once(&self, part: &Partition, epoch: u64, sp: Ino, sn: &[u8], dp: Ino, dn: &[u8], flags: u32) -> Result<u64, TalonError> {
+    async fn rename_once(
+        &self,
+        part: &Partition,
+        epoch: u64,
+        sp: Ino,
+        sn: &[u8],
+        dp: Ino,
+        dn: &[u8],
+        flags: u32,
+    ) -> Result<u64, TalonError> {
         let ps = part.id;
         self.entry_class(part, sp, sn).await?;
         let (dclass, _) = self.dir_class(part, dp).await?;
@@ -426,7 +638,12 @@ impl Node {
             .store
             .read(|v| Ok((v.dentry(sp, sn)?, v.counter(crate::keys::meta::EPOCH)?)))
             .map_err(storage_error)?;
-        let src = src.ok_or_else(|| posix(Errno::ENOENT, format!("no entry {:?}", String::from_utf8_lossy(sn))))?;
+        let src = src.ok_or_else(|| {
+            posix(
+                Errno::ENOENT,
+                format!("no entry {:?}", String::from_utf8_lossy(sn)),
+            )
+        })?;
         if epoch != 0 && epoch < cur_epoch {
             return Err(TalonError::StaleEpoch { epoch: cur_epoch });
         }
@@ -434,13 +651,17 @@ impl Node {
             return Ok(cur_epoch);
         }
         let dst = if pd == ps {
-            part.store.read(|v| v.dentry(dp, dn)).map_err(storage_error)?
+            part.store
+                .read(|v| v.dentry(dp, dn))
+                .map_err(storage_error)?
         } else {
             self.read_dentry(pd, dp, dn).await?
         };
         let exchange = flags & RENAME_EXCHANGE != 0;
         match (&dst, exchange) {
-            (Some(_), false) if flags & RENAME_NOREPLACE != 0 => return Err(posix(Errno::EEXIST, "destination exists")),
+            (Some(_), false) if flags & RENAME_NOREPLACE != 0 => {
+                return Err(posix(Errno::EEXIST, "destination exists"))
+            }
             (None, true) => return Err(posix(Errno::ENOENT, "exchange with a missing entry")),
             _ => {}
         }
@@ -450,9 +671,22 @@ impl Node {
                 return Ok(cur_epoch);
             }
             if !exchange {
-                match (src.kind == FileKind::Directory, d.kind == FileKind::Directory) {
-                    (true, false) => return Err(posix(Errno::ENOTDIR, "cannot replace a non-directory with a directory")),
-                    (false, true) => return Err(posix(Errno::EISDIR, "cannot replace a directory with a non-directory")),
+                match (
+                    src.kind == FileKind::Directory,
+                    d.kind == FileKind::Directory,
+                ) {
+                    (true, false) => {
+                        return Err(posix(
+                            Errno::ENOTDIR,
+                            "cannot replace a non-directory with a directory",
+                        ))
+                    }
+                    (false, true) => {
+                        return Err(posix(
+                            Errno::EISDIR,
+                            "cannot replace a directory with a non-directory",
+                        ))
+                    }
                     _ => {}
                 }
             }
@@ -461,50 +695,113 @@ impl Node {
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         parts.entry(ps).or_default().extend([
             Op::ExpectEpoch(epoch),
-            Op::ExpectDentry { parent: sp, name: sn.to_vec(), expect: Expect::Ino(src.ino) },
+            Op::ExpectDentry {
+                parent: sp,
+                name: sn.to_vec(),
+                expect: Expect::Ino(src.ino),
+            },
         ]);
         parts.entry(pd).or_default().extend([
-            Op::ExpectDirLive { dir: dp, class: dclass, learn: true },
+            Op::ExpectDirLive {
+                dir: dp,
+                class: dclass,
+                learn: true,
+            },
             Op::ExpectDentry {
                 parent: dp,
                 name: dn.to_vec(),
-                expect: dst.as_ref().map(|d| Expect::Ino(d.ino)).unwrap_or(Expect::Absent),
+                expect: dst
+                    .as_ref()
+                    .map(|d| Expect::Ino(d.ino))
+                    .unwrap_or(Expect::Absent),
             },
         ]);
         // The source name goes away, or (exchange) points at the destination's inode.
         match (&dst, exchange) {
-            (Some(d), true) => parts.entry(ps).or_default().push(Op::PutDentry { parent: sp, name: sn.to_vec(), target: Target::Existing(d.ino), kind: d.kind }),
-            _ => parts.entry(ps).or_default().push(Op::DelDentry { parent: sp, name: sn.to_vec() }),
+            (Some(d), true) => parts.entry(ps).or_default().push(Op::PutDentry {
+                parent: sp,
+                name: sn.to_vec(),
+                target: Target::Existing(d.ino),
+                kind: d.kind,
+            }),
+            _ => parts.entry(ps).or_default().push(Op::DelDentry {
+                parent: sp,
+                name: sn.to_vec(),
+            }),
         }
-        parts.entry(pd).or_default().push(Op::PutDentry { parent: dp, name: dn.to_vec(), target: Target::Existing(src.ino), kind: src.kind });
+        parts.entry(pd).or_default().push(Op::PutDentry {
+            parent: dp,
+            name: dn.to_vec(),
+            target: Target::Existing(src.ino),
+            kind: src.kind,
+        });
         let mut moves_dir = false;
         let mut nlink_delta: BTreeMap<Ino, i32> = BTreeMap::new();
         if src.kind == FileKind::Directory {
             moves_dir = true;
-            parts.entry(src.ino.home()).or_default().push(Op::AdjustInode { ino: src.ino, nlink: 0, parent: Some(dp), touch_mtime: false, now });
+            parts
+                .entry(src.ino.home())
+                .or_default()
+                .push(Op::AdjustInode {
+                    ino: src.ino,
+                    nlink: 0,
+                    parent: Some(dp),
+                    touch_mtime: false,
+                    now,
+                });
             if sp != dp {
                 *nlink_delta.entry(sp).or_default() -= 1;
                 *nlink_delta.entry(dp).or_default() += 1;
             }
         } else {
-            parts.entry(src.ino.home()).or_default().push(Op::AdjustInode { ino: src.ino, nlink: 0, parent: None, touch_mtime: false, now });
+            parts
+                .entry(src.ino.home())
+                .or_default()
+                .push(Op::AdjustInode {
+                    ino: src.ino,
+                    nlink: 0,
+                    parent: None,
+                    touch_mtime: false,
+                    now,
+                });
         }
         if let Some(d) = &dst {
             if exchange {
                 if d.kind == FileKind::Directory {
                     moves_dir = true;
-                    parts.entry(d.ino.home()).or_default().push(Op::AdjustInode { ino: d.ino, nlink: 0, parent: Some(sp), touch_mtime: false, now });
+                    parts
+                        .entry(d.ino.home())
+                        .or_default()
+                        .push(Op::AdjustInode {
+                            ino: d.ino,
+                            nlink: 0,
+                            parent: Some(sp),
+                            touch_mtime: false,
+                            now,
+                        });
                     if sp != dp {
                         *nlink_delta.entry(dp).or_default() -= 1;
                         *nlink_delta.entry(sp).or_default() += 1;
                     }
                 }
             } else if d.kind == FileKind::Directory {
-                let attr = self.read_inode(d.ino).await?.ok_or_else(|| TalonError::Retry("destination changed".into()))?;
+                let attr = self
+                    .read_inode(d.ino)
+                    .await?
+                    .ok_or_else(|| TalonError::Retry("destination changed".into()))?;
                 self.plan_dir_removal(&mut parts, d.ino, attr.attr.class);
                 *nlink_delta.entry(dp).or_default() -= 1;
             } else {
-                parts.entry(d.ino.home()).or_default().push(Op::AdjustInode { ino: d.ino, nlink: -1, parent: None, touch_mtime: false, now });
+                parts
+                    .entry(d.ino.home())
+                    .or_default()
+                    .push(Op::AdjustInode {
+                        ino: d.ino,
+                        nlink: -1,
+                        parent: None,
+                        touch_mtime: false,
+                        now,
+                    });
             }
         }
         if moves_dir {
@@ -523,7 +820,10 @@ impl Node {
             .collect();
         let check = || async {
             // A directory must not move below itself: walk up from each new parent.
-            for (dir, new_parent) in moved.iter().map(|m| (*m, if *m == src.ino { dp } else { sp })) {
+            for (dir, new_parent) in moved
+                .iter()
+                .map(|m| (*m, if *m == src.ino { dp } else { sp }))
+            {
                 self.check_not_ancestor(dir, new_parent).await?;
             }
             Ok(())
@@ -549,18 +849,31 @@ impl Node {
             if cur == ROOT_INO {
                 return Ok(());
             }
-            let rec = self.read_inode(cur).await?.ok_or_else(|| posix(Errno::ENOENT, format!("directory {cur} vanished")))?;
+            let rec = self
+                .read_inode(cur)
+                .await?
+                .ok_or_else(|| posix(Errno::ENOENT, format!("directory {cur} vanished")))?;
             cur = rec.attr.parent;
         }
         Err(posix(Errno::ELOOP, "directory chain too deep"))
     }
 
     /// Links inode `ino` as `(np, nn)`; served by the new entry's partition.
-    pub async fn link(&self, p: u32, epoch: u64, ino: Ino, np: Ino, nn: &[u8]) -> Result<(Attr, u64), TalonError> {
+    pub async fn link(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        np: Ino,
+        nn: &[u8],
+    ) -> Result<(Attr, u64), TalonError> {
         check_name(nn)?;
         let part = self.local(p)?;
         let (pclass, learn) = self.entry_class(part, np, nn).await?;
-        let rec = self.read_inode(ino).await?.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
+        let rec = self
+            .read_inode(ino)
+            .await?
+            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         if rec.attr.kind == FileKind::Directory {
             return Err(posix(Errno::EPERM, "cannot hard-link a directory"));
         }
@@ -568,16 +881,39 @@ impl Node {
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         parts.entry(p).or_default().extend([
             Op::ExpectEpoch(epoch),
-            Op::ExpectDirLive { dir: np, class: pclass, learn },
-            Op::ExpectDentry { parent: np, name: nn.to_vec(), expect: Expect::Absent },
-            Op::PutDentry { parent: np, name: nn.to_vec(), target: Target::Existing(ino), kind: rec.attr.kind },
+            Op::ExpectDirLive {
+                dir: np,
+                class: pclass,
+                learn,
+            },
+            Op::ExpectDentry {
+                parent: np,
+                name: nn.to_vec(),
+                expect: Expect::Absent,
+            },
+            Op::PutDentry {
+                parent: np,
+                name: nn.to_vec(),
+                target: Target::Existing(ino),
+                kind: rec.attr.kind,
+            },
         ]);
-        parts.entry(ino.home()).or_default().push(Op::AdjustInode { ino, nlink: 1, parent: None, touch_mtime: false, now });
+        parts.entry(ino.home()).or_default().push(Op::AdjustInode {
+            ino,
+            nlink: 1,
+            parent: None,
+            touch_mtime: false,
+            now,
+        });
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
         self.touch_dir(np, 0, now);
         let attr = match outcome_attr(&out, ino) {
             Some(a) => a,
-            None => self.read_inode(ino).await?.map(|r| r.attr).ok_or_else(|| posix(Errno::ENOENT, "inode vanished"))?,
+            None => self
+                .read_inode(ino)
+                .await?
+                .map(|r| r.attr)
+                .ok_or_else(|| posix(Errno::ENOENT, "inode vanished"))?,
         };
         Ok((attr, outcome_epoch(&out)))
     }
@@ -597,17 +933,31 @@ impl Node {
         let part = self.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
         let limit = limit.clamp(1, self.config.cluster.max_batch) as usize;
-        let (entries, more) = part.store.readdir(dir, after, limit).map_err(storage_error)?;
+        let (entries, more) = part
+            .store
+            .readdir(dir, after, limit)
+            .map_err(storage_error)?;
         let mut out = Vec::with_capacity(entries.len());
         for (name, d) in entries {
-            let attr = if plus { self.attr_of(part, d.ino).await.ok() } else { None };
+            let attr = if plus {
+                self.attr_of(part, d.ino).await.ok()
+            } else {
+                None
+            };
             out.push((name, d, attr));
         }
         Ok((out, more))
     }
 
     /// Reads an xattr (or, for `talon.symlink`, a symlink's target).
-    pub async fn getxattr(&self, p: u32, relaxed: bool, epoch: u64, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
+    pub async fn getxattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+        name: &[u8],
+    ) -> Result<Vec<u8>, TalonError> {
         let part = self.home_part(p, ino)?;
         self.read_guard(part, relaxed, epoch).await?;
         let (rec, val) = part
@@ -626,7 +976,13 @@ impl Node {
     }
 
     /// Names of an inode's xattrs.
-    pub async fn listxattr(&self, p: u32, relaxed: bool, epoch: u64, ino: Ino) -> Result<Vec<Vec<u8>>, TalonError> {
+    pub async fn listxattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+    ) -> Result<Vec<Vec<u8>>, TalonError> {
         let part = self.home_part(p, ino)?;
         self.read_guard(part, relaxed, epoch).await?;
         let prefix = crate::keys::xattr_prefix(ino);
@@ -635,17 +991,34 @@ impl Node {
             .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
             .map_err(storage_error)?;
         rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
-        Ok(keys.into_iter().map(|k| k[prefix.len()..].to_vec()).collect())
+        Ok(keys
+            .into_iter()
+            .map(|k| k[prefix.len()..].to_vec())
+            .collect())
     }
 
     /// Sets (value Some) or removes an xattr.
-    pub async fn setxattr(&self, p: u32, epoch: u64, ino: Ino, name: &[u8], value: Option<Vec<u8>>, flags: u32) -> Result<(), TalonError> {
+    pub async fn setxattr(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        name: &[u8],
+        value: Option<Vec<u8>>,
+        flags: u32,
+    ) -> Result<(), TalonError> {
         self.home_part(p, ino)?;
         if name.is_empty() || name.len() > 255 || name.contains(&0) {
-            return Err(posix(Errno::ERANGE, "xattr name must be 1..=255 bytes without NUL"));
+            return Err(posix(
+                Errno::ERANGE,
+                "xattr name must be 1..=255 bytes without NUL",
+            ));
         }
         if name.starts_with(b"talon.") {
-            return Err(posix(Errno::EPERM, "the talon. xattr namespace is reserved"));
+            return Err(posix(
+                Errno::EPERM,
+                "the talon. xattr namespace is reserved",
+            ));
         }
         if value.as_ref().is_some_and(|v| v.len() > XATTR_VALUE_MAX) {
             return Err(posix(Errno::E2BIG, "xattr value over 64 KiB"));
@@ -653,14 +1026,27 @@ impl Node {
         if flags & !3 != 0 || flags == 3 {
             return Err(posix(Errno::EINVAL, format!("xattr flags {flags:#x}")));
         }
-        let ops = vec![Op::ExpectEpoch(epoch), Op::Xattr { ino, name: name.to_vec(), value, flags, now: Time::now() }];
-        self.run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) }).await?;
+        let ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::Xattr {
+                ino,
+                name: name.to_vec(),
+                value,
+                flags,
+                now: Time::now(),
+            },
+        ];
+        self.run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
+            .await?;
         Ok(())
     }
 
     fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
         if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!("inode {ino} lives on partition {}", ino.home())));
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
         }
         Ok(self.local(p)?.as_ref())
     }
@@ -670,12 +1056,23 @@ impl Node {
         let part = self.local(p)?;
         self.read_guard(part, relaxed, 0).await?;
         part.store
-            .read(|v| Ok((v.counter(crate::keys::meta::INODES)?, v.counter(crate::keys::meta::ENTRIES)?)))
+            .read(|v| {
+                Ok((
+                    v.counter(crate::keys::meta::INODES)?,
+                    v.counter(crate::keys::meta::ENTRIES)?,
+                ))
+            })
             .map_err(storage_error)
     }
 
     /// Changes the class of an empty directory.
-    pub async fn set_class(&self, p: u32, epoch: u64, dir: Ino, class: Class) -> Result<Attr, TalonError> {
+    pub async fn set_class(
+        &self,
+        p: u32,
+        epoch: u64,
+        dir: Ino,
+        class: Class,
+    ) -> Result<Attr, TalonError> {
         let part = self.home_part(p, dir)?;
         part.linearizable().await?;
         let attr = self.attr_of(part, dir).await?;
@@ -695,13 +1092,23 @@ impl Node {
             }
             ops.push(Op::Relearn { dir, class });
         }
-        parts.entry(p).or_default().extend([Op::ExpectEpoch(epoch), Op::SetClass { dir, class }]);
-        let out = self.run_ops(p, parts, || async { Ok(()) }).await.map_err(|e| match e {
-            TalonError::Posix { errno: Errno::ENOTEMPTY, .. } => {
-                posix(Errno::ENOTEMPTY, "the class of a non-empty directory cannot change")
-            }
-            other => other,
-        })?;
+        parts
+            .entry(p)
+            .or_default()
+            .extend([Op::ExpectEpoch(epoch), Op::SetClass { dir, class }]);
+        let out = self
+            .run_ops(p, parts, || async { Ok(()) })
+            .await
+            .map_err(|e| match e {
+                TalonError::Posix {
+                    errno: Errno::ENOTEMPTY,
+                    ..
+                } => posix(
+                    Errno::ENOTEMPTY,
+                    "the class of a non-empty directory cannot change",
+                ),
+                other => other,
+            })?;
         outcome_attr(&out, dir).ok_or_else(|| posix(Errno::ENOENT, "directory vanished"))
     }
 }

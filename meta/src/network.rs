@@ -57,7 +57,10 @@ pub enum PeerError {
 impl Peers {
     /// Peers of a cluster with these node addresses.
     pub fn new(addrs: HashMap<NodeId, String>) -> Arc<Peers> {
-        Arc::new(Peers { addrs, channels: Mutex::new(HashMap::new()) })
+        Arc::new(Peers {
+            addrs,
+            channels: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The address of node `id`.
@@ -67,7 +70,10 @@ impl Peers {
 
     /// The node id listening at `addr`.
     pub fn id_of(&self, addr: &str) -> Option<NodeId> {
-        self.addrs.iter().find(|(_, a)| a.as_str() == addr).map(|(id, _)| *id)
+        self.addrs
+            .iter()
+            .find(|(_, a)| a.as_str() == addr)
+            .map(|(id, _)| *id)
     }
 
     /// The channel to node `id`, connected lazily.
@@ -105,7 +111,10 @@ impl Peers {
     ) -> Result<Result<Resp, Vec<u8>>, PeerError> {
         let payload = bincode::serialize(req).map_err(|e| PeerError::Decode(id, e.to_string()))?;
         let mut client = self.client(id)?;
-        let mut request = tonic::Request::new(RaftRequest { partition, payload: payload.into() });
+        let mut request = tonic::Request::new(RaftRequest {
+            partition,
+            payload: payload.into(),
+        });
         request.set_timeout(timeout);
         let fut = async {
             match kind {
@@ -117,7 +126,12 @@ impl Peers {
         };
         let reply = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(s)) => return Err(PeerError::Transport(id, format!("{:?}: {}", s.code(), s.message()))),
+            Ok(Err(s)) => {
+                return Err(PeerError::Transport(
+                    id,
+                    format!("{:?}: {}", s.code(), s.message()),
+                ))
+            }
             Err(_) => return Err(PeerError::Transport(id, "timed out".into())),
         };
         if !reply.error.is_empty() && reply.error_payload.is_empty() {
@@ -126,7 +140,9 @@ impl Peers {
         if !reply.error_payload.is_empty() {
             return Ok(Err(reply.error_payload.to_vec()));
         }
-        bincode::deserialize(&reply.payload).map(Ok).map_err(|e| PeerError::Decode(id, e.to_string()))
+        bincode::deserialize(&reply.payload)
+            .map(Ok)
+            .map_err(|e| PeerError::Decode(id, e.to_string()))
     }
 }
 
@@ -163,7 +179,11 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
     type Network = NetClient;
 
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> NetClient {
-        NetClient { partition: self.partition, target, peers: self.peers.clone() }
+        NetClient {
+            partition: self.partition,
+            target,
+            peers: self.peers.clone(),
+        }
     }
 }
 
@@ -187,7 +207,10 @@ impl NetClient {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(bytes)) => match bincode::deserialize::<RaftError<NodeId, E>>(&bytes) {
                 Ok(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
-                Err(e) => Err(RPCError::Network(NetworkError::new(&PeerError::Decode(self.target, e.to_string())))),
+                Err(e) => Err(RPCError::Network(NetworkError::new(&PeerError::Decode(
+                    self.target,
+                    e.to_string(),
+                )))),
             },
             Err(e @ (PeerError::Transport(..) | PeerError::Remote(..))) => {
                 Err(RPCError::Unreachable(Unreachable::new(&e)))

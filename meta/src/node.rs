@@ -110,9 +110,18 @@ impl Node {
     pub async fn open(config: Config) -> Result<Arc<Node>, StartError> {
         config.validate()?;
         let me = config.node_id;
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| StartError::Storage(format!("create data dir: {e}")))?;
-        let log = LogDb::open(&config.data_dir.join("raft-log")).map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
-        let peers = Peers::new(config.cluster.nodes.iter().map(|n| (n.id, n.addr.clone())).collect());
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| StartError::Storage(format!("create data dir: {e}")))?;
+        let log = LogDb::open(&config.data_dir.join("raft-log"))
+            .map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
+        let peers = Peers::new(
+            config
+                .cluster
+                .nodes
+                .iter()
+                .map(|n| (n.id, n.addr.clone()))
+                .collect(),
+        );
         let rc = raft_config(&config).map_err(|e| StartError::Raft(0, e))?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -126,7 +135,10 @@ impl Node {
             let raft = Raft::new(
                 me,
                 rc.clone(),
-                NetFactory { partition: p, peers: peers.clone() },
+                NetFactory {
+                    partition: p,
+                    peers: peers.clone(),
+                },
                 log.group(p),
                 PartitionSm::new(store.clone()),
             )
@@ -154,8 +166,12 @@ impl Node {
             dir_touches: Mutex::new(BTreeMap::new()),
         });
         node.initialize_groups().await?;
-        node.tasks.spawn(crate::txn::recovery_loop(node.clone(), node.cancel.child_token()));
-        node.tasks.spawn(dir_touch_loop(node.clone(), node.cancel.child_token()));
+        node.tasks.spawn(crate::txn::recovery_loop(
+            node.clone(),
+            node.cancel.child_token(),
+        ));
+        node.tasks
+            .spawn(dir_touch_loop(node.clone(), node.cancel.child_token()));
         Ok(node)
     }
 
@@ -166,13 +182,22 @@ impl Node {
             if replicas.first() != Some(&self.config.node_id) {
                 continue;
             }
-            let initialized = part.raft.is_initialized().await.map_err(|e| StartError::Raft(*p, e.to_string()))?;
+            let initialized = part
+                .raft
+                .is_initialized()
+                .await
+                .map_err(|e| StartError::Raft(*p, e.to_string()))?;
             if initialized {
                 continue;
             }
             let members: BTreeMap<NodeId, BasicNode> = replicas
                 .iter()
-                .map(|id| (*id, BasicNode::new(self.peers.addr(*id).unwrap_or_default())))
+                .map(|id| {
+                    (
+                        *id,
+                        BasicNode::new(self.peers.addr(*id).unwrap_or_default()),
+                    )
+                })
                 .collect();
             if let Err(e) = part.raft.initialize(members).await {
                 // Already initialized by an earlier run that crashed mid-way: not an error.
@@ -186,9 +211,15 @@ impl Node {
     pub fn local(&self, p: u32) -> Result<&Arc<Partition>, TalonError> {
         self.partitions.get(&p).ok_or_else(|| {
             if p >= self.config.cluster.partitions {
-                TalonError::Invalid(format!("partition {p} does not exist (cluster has {})", self.config.cluster.partitions))
+                TalonError::Invalid(format!(
+                    "partition {p} does not exist (cluster has {})",
+                    self.config.cluster.partitions
+                ))
             } else {
-                TalonError::WrongPartition(format!("node {} does not host partition {p}", self.config.node_id))
+                TalonError::WrongPartition(format!(
+                    "node {} does not host partition {p}",
+                    self.config.node_id
+                ))
             }
         })
     }
@@ -215,7 +246,11 @@ impl Node {
                 return Some(l);
             }
         }
-        self.leader_hints.lock().unwrap_or_else(|e| e.into_inner()).get(&p).copied()
+        self.leader_hints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p)
+            .copied()
     }
 
     fn set_hint(&self, p: u32, id: Option<NodeId>) {
@@ -243,7 +278,17 @@ impl Node {
             let res = if target == self.config.node_id {
                 self.handle_peer(p, req.clone()).await
             } else {
-                match self.peers.call::<PeerRequest, PeerReply>(target, PeerRpc::Peer, p, &req, Duration::from_secs(10)).await {
+                match self
+                    .peers
+                    .call::<PeerRequest, PeerReply>(
+                        target,
+                        PeerRpc::Peer,
+                        p,
+                        &req,
+                        Duration::from_secs(10),
+                    )
+                    .await
+                {
                     Ok(Ok(r)) => Ok(r),
                     Ok(Err(bytes)) => Err(decode_error(&bytes)),
                     Err(e) => Err(TalonError::Unavailable(e.to_string())),
@@ -275,7 +320,9 @@ impl Node {
     pub async fn propose_on(&self, p: u32, cmd: Command) -> Result<CommandResult, TalonError> {
         match self.peer(p, PeerRequest::Propose(cmd)).await? {
             PeerReply::Proposed(r) => Ok(r),
-            other => Err(TalonError::Unavailable(format!("unexpected peer reply {other:?}"))),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected peer reply {other:?}"
+            ))),
         }
     }
 
@@ -290,11 +337,17 @@ impl Node {
             }
             PeerRequest::ReadInode(ino) => {
                 part.linearizable().await?;
-                Ok(PeerReply::Inode(part.store.read(|v| v.inode(ino)).map_err(storage_error)?))
+                Ok(PeerReply::Inode(
+                    part.store.read(|v| v.inode(ino)).map_err(storage_error)?,
+                ))
             }
             PeerRequest::ReadDentry(parent, name) => {
                 part.linearizable().await?;
-                Ok(PeerReply::Dentry(part.store.read(|v| v.dentry(parent, &name)).map_err(storage_error)?))
+                Ok(PeerReply::Dentry(
+                    part.store
+                        .read(|v| v.dentry(parent, &name))
+                        .map_err(storage_error)?,
+                ))
             }
         }
     }
@@ -308,10 +361,14 @@ impl Node {
     }
 
     async fn flush_dir_touches(&self) {
-        let pending = std::mem::take(&mut *self.dir_touches.lock().unwrap_or_else(|e| e.into_inner()));
+        let pending =
+            std::mem::take(&mut *self.dir_touches.lock().unwrap_or_else(|e| e.into_inner()));
         let mut by_home: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         for (dir, (nlink, now)) in pending {
-            by_home.entry(dir.home()).or_default().push(Op::TouchDir { dir, nlink, now });
+            by_home
+                .entry(dir.home())
+                .or_default()
+                .push(Op::TouchDir { dir, nlink, now });
         }
         let futs = by_home.into_iter().map(|(p, ops)| async move {
             if let Err(e) = self.propose_on(p, Command::Atomic(ops)).await {
@@ -360,13 +417,18 @@ pub struct RunningNode {
 impl RunningNode {
     /// Starts `config`'s node serving on `listener`.
     pub async fn start(config: Config, listener: TcpListener) -> Result<RunningNode, StartError> {
-        let addr = listener.local_addr().map_err(|e| StartError::Listen(e.to_string()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Listen(e.to_string()))?;
         let node = Node::open(config).await?;
         let cancel = node.cancel_token();
         let router = crate::service::router(node.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server = tokio::spawn(async move {
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, cancel.cancelled_owned()).await {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
+                .await
+            {
                 tracing::error!("server: {e}");
             }
         });
@@ -382,8 +444,13 @@ impl RunningNode {
 }
 
 /// Runs a node until `shutdown` resolves: the body of `talon-meta start`.
-pub async fn run(config: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    let listener = TcpListener::bind(&config.listen).await.map_err(|e| StartError::Listen(format!("{}: {e}", config.listen)))?;
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| StartError::Listen(format!("{}: {e}", config.listen)))?;
     let running = RunningNode::start(config, listener).await?;
     tracing::info!(addr = %running.addr, node = running.node.config.node_id, "talon-meta serving");
     shutdown.await;

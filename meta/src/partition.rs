@@ -79,22 +79,24 @@ impl Partition {
     /// once applied on this leader.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, TalonError> {
         let (tx, rx) = oneshot::channel();
-        self.proposals
-            .send((cmd, tx))
-            .await
-            .map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?;
-        rx.await.map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?
+        self.proposals.send((cmd, tx)).await.map_err(|_| {
+            TalonError::Unavailable(format!("partition {} is shutting down", self.id))
+        })?;
+        rx.await.map_err(|_| {
+            TalonError::Unavailable(format!("partition {} is shutting down", self.id))
+        })?
     }
 
     /// Waits until this replica is the leader and has applied everything committed before
     /// the call (ReadIndex), so a local read is linearizable.
     pub async fn linearizable(&self) -> Result<(), TalonError> {
         let (tx, rx) = oneshot::channel();
-        self.reads
-            .send(tx)
-            .await
-            .map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?;
-        rx.await.map_err(|_| TalonError::Unavailable(format!("partition {} is shutting down", self.id)))?
+        self.reads.send(tx).await.map_err(|_| {
+            TalonError::Unavailable(format!("partition {} is shutting down", self.id))
+        })?;
+        rx.await.map_err(|_| {
+            TalonError::Unavailable(format!("partition {} is shutting down", self.id))
+        })?
     }
 
     /// True if a relaxed read may be served from this replica's state: a leader heard
@@ -103,9 +105,14 @@ impl Partition {
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         let m = self.raft.metrics().borrow().clone();
         if m.state == ServerState::Leader {
-            return m.millis_since_quorum_ack.is_some_and(|ms| ms < bound.as_millis() as u64);
+            return m
+                .millis_since_quorum_ack
+                .is_some_and(|ms| ms < bound.as_millis() as u64);
         }
-        let contact = *self.leader_contact.lock().unwrap_or_else(|p| p.into_inner());
+        let contact = *self
+            .leader_contact
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match contact {
             Some((at, commit)) => {
                 at.elapsed() < bound && m.last_applied.map(|l| l.index).unwrap_or(0) >= commit
@@ -116,7 +123,10 @@ impl Partition {
 
     /// Records an AppendEntries from the leader, carrying its commit index.
     pub fn note_leader_contact(&self, leader_commit: u64) {
-        let mut g = self.leader_contact.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self
+            .leader_contact
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         *g = Some((Instant::now(), leader_commit));
     }
 
@@ -140,15 +150,28 @@ fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonErr
 }
 
 /// Maps a client_write failure: forward-to-leader becomes NotLeader; the rest Unavailable.
-fn write_error(partition: u32, e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>, peers: &Peers) -> TalonError {
+fn write_error(
+    partition: u32,
+    e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+    peers: &Peers,
+) -> TalonError {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(partition, f.leader_id, peers),
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => TalonError::Unavailable(e.to_string()),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            not_leader(partition, f.leader_id, peers)
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            TalonError::Unavailable(e.to_string())
+        }
         RaftError::Fatal(f) => TalonError::Unavailable(format!("partition {partition}: {f}")),
     }
 }
 
-async fn proposer(p: Arc<Partition>, mut rx: mpsc::Receiver<(Command, Reply)>, max_batch: usize, cancel: CancellationToken) {
+async fn proposer(
+    p: Arc<Partition>,
+    mut rx: mpsc::Receiver<(Command, Reply)>,
+    max_batch: usize,
+    cancel: CancellationToken,
+) {
     let permits = Arc::new(Semaphore::new(PROPOSALS_IN_FLIGHT));
     loop {
         let first = tokio::select! {
@@ -189,7 +212,9 @@ async fn proposer(p: Arc<Partition>, mut rx: mpsc::Receiver<(Command, Reply)>, m
                         }
                     } else {
                         for r in replies {
-                            let _ = r.send(Err(TalonError::Unavailable("batch answered without results".into())));
+                            let _ = r.send(Err(TalonError::Unavailable(
+                                "batch answered without results".into(),
+                            )));
                         }
                     }
                 }
@@ -230,7 +255,9 @@ async fn read_barrier(
                 };
                 Err(not_leader(partition, leader, &peers))
             }
-            Err(RaftError::Fatal(f)) => Err(TalonError::Unavailable(format!("partition {partition}: {f}"))),
+            Err(RaftError::Fatal(f)) => Err(TalonError::Unavailable(format!(
+                "partition {partition}: {f}"
+            ))),
         };
         for w in waiters {
             let _ = w.send(res.clone());

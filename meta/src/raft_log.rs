@@ -18,7 +18,11 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error + 'static) -> StorageError {
+fn io_err(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: impl std::error::Error + 'static,
+) -> StorageError {
     StorageIOError::new(subject, verb, AnyError::new(&e)).into()
 }
 
@@ -72,7 +76,10 @@ impl LogDb {
 
     /// The log store of one group.
     pub fn group(self: &Arc<Self>, group: u32) -> LogStore {
-        LogStore { group, db: self.clone() }
+        LogStore {
+            group,
+            db: self.clone(),
+        }
     }
 
     /// Stops the flusher after it has acknowledged everything queued.
@@ -126,24 +133,52 @@ impl LogStore {
         k
     }
 
-    fn get_meta<T: serde::de::DeserializeOwned>(&self, tag: u8, subject: ErrorSubject<NodeId>) -> Result<Option<T>, StorageError> {
-        let Some(b) = self.db.db.get(self.key(tag, None)).map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))? else {
+    fn get_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        tag: u8,
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<Option<T>, StorageError> {
+        let Some(b) = self
+            .db
+            .db
+            .get(self.key(tag, None))
+            .map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?
+        else {
             return Ok(None);
         };
-        bincode::deserialize(&b)
-            .map(Some)
-            .map_err(|e| io_err(subject, ErrorVerb::Read, Corrupt(format!("decode log metadata: {e}"))))
+        bincode::deserialize(&b).map(Some).map_err(|e| {
+            io_err(
+                subject,
+                ErrorVerb::Read,
+                Corrupt(format!("decode log metadata: {e}")),
+            )
+        })
     }
 
-    fn put_meta<T: serde::Serialize>(&self, tag: u8, v: &T, sync: bool, subject: ErrorSubject<NodeId>) -> Result<(), StorageError> {
+    fn put_meta<T: serde::Serialize>(
+        &self,
+        tag: u8,
+        v: &T,
+        sync: bool,
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<(), StorageError> {
         let b = bincode::serialize(v).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db.db.put_opt(self.key(tag, None), b, &wo).map_err(|e| io_err(subject, ErrorVerb::Write, e))
+        self.db
+            .db
+            .put_opt(self.key(tag, None), b, &wo)
+            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
     }
 
     fn decode_entry(b: &[u8]) -> Result<Entry<TypeConfig>, StorageError> {
-        bincode::deserialize(b).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, Corrupt(format!("decode log entry: {e}"))))
+        bincode::deserialize(b).map_err(|e| {
+            io_err(
+                ErrorSubject::Logs,
+                ErrorVerb::Read,
+                Corrupt(format!("decode log entry: {e}")),
+            )
+        })
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId<NodeId>>, StorageError> {
@@ -157,7 +192,8 @@ impl LogStore {
             }
             _ => None,
         };
-        it.status().map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        it.status()
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
         Ok(res)
     }
 }
@@ -181,7 +217,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 break;
             }
             let idx = u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
-                io_err(ErrorSubject::Logs, ErrorVerb::Read, Corrupt("log key".into()))
+                io_err(
+                    ErrorSubject::Logs,
+                    ErrorVerb::Read,
+                    Corrupt("log key".into()),
+                )
             })?);
             if !range.contains(&idx) {
                 break;
@@ -189,7 +229,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
             out.push(Self::decode_entry(it.value().unwrap_or_default())?);
             it.next();
         }
-        it.status().map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        it.status()
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
         Ok(out)
     }
 }
@@ -200,7 +241,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged: Option<LogId<NodeId>> = self.get_meta(b'p', ErrorSubject::Logs)?;
         let last = self.last_entry_id()?.or(last_purged);
-        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -215,27 +259,40 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta(b'v', ErrorSubject::Vote)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError> {
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError> {
         self.put_meta(b'c', &committed, false, ErrorSubject::Store)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        Ok(self.get_meta::<Option<LogId<NodeId>>>(b'c', ErrorSubject::Store)?.flatten())
+        Ok(self
+            .get_meta::<Option<LogId<NodeId>>>(b'c', ErrorSubject::Store)?
+            .flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
         let mut batch = WriteBatch::default();
         for e in entries {
-            let b = bincode::serialize(&e).map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
+            let b = bincode::serialize(&e)
+                .map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
             batch.put(self.key(b'e', Some(e.get_log_id().index)), b);
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(false);
-        self.db.db.write_opt(batch, &wo).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        self.db
+            .db
+            .write_opt(batch, &wo)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         match self.db.flush_sender() {
             Some(tx) => {
                 if let Err(mpsc::SendError(cb)) = tx.send(callback) {
@@ -249,16 +306,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         let mut batch = WriteBatch::default();
-        batch.delete_range(self.key(b'e', Some(log_id.index)), self.key(b'e', Some(u64::MAX)));
+        batch.delete_range(
+            self.key(b'e', Some(log_id.index)),
+            self.key(b'e', Some(u64::MAX)),
+        );
         batch.delete(self.key(b'e', Some(u64::MAX)));
-        self.db.db.write(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        self.db
+            .db
+            .write(batch)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        let b = bincode::serialize(&log_id).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        let b = bincode::serialize(&log_id)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         let mut batch = WriteBatch::default();
         batch.put(self.key(b'p', None), b);
-        batch.delete_range(self.key(b'e', Some(0)), self.key(b'e', Some(log_id.index + 1)));
-        self.db.db.write(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        batch.delete_range(
+            self.key(b'e', Some(0)),
+            self.key(b'e', Some(log_id.index + 1)),
+        );
+        self.db
+            .db
+            .write(batch)
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
     }
 }

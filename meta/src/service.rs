@@ -6,8 +6,8 @@
 //! partition ids, symlink and xattr sizes, and message sizes (tonic's decoding limit), so
 //! a malformed request gets an error and never reaches a Raft log.
 
-use crate::node::{Node, PeerRequest};
 use crate::namespace::CreateSpec;
+use crate::node::{Node, PeerRequest};
 use crate::types::{AttrChange, NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
@@ -65,11 +65,15 @@ fn ts(t: Option<pb::Timestamp>) -> Result<Option<Time>, TalonError> {
 fn create_spec(r: &pb::CreateRequest) -> Result<CreateSpec, TalonError> {
     let kind = FileKind::try_from(r.kind)?;
     if kind != FileKind::Symlink && !r.symlink_target.is_empty() {
-        return Err(TalonError::Invalid("symlink_target on a non-symlink".into()));
+        return Err(TalonError::Invalid(
+            "symlink_target on a non-symlink".into(),
+        ));
     }
     let class = class_from_wire(r.class)?;
     if class.is_some() && kind != FileKind::Directory {
-        return Err(TalonError::Invalid("class given for a non-directory".into()));
+        return Err(TalonError::Invalid(
+            "class given for a non-directory".into(),
+        ));
     }
     Ok(CreateSpec {
         kind,
@@ -90,16 +94,34 @@ impl Api {
 
     fn cluster_map(&self) -> pb::ClusterMap {
         let c = &self.node.config.cluster;
-        let epoch = self.node.partitions.values().filter_map(|p| p.store.epoch().ok()).max().unwrap_or(0);
+        let epoch = self
+            .node
+            .partitions
+            .values()
+            .filter_map(|p| p.store.epoch().ok())
+            .max()
+            .unwrap_or(0);
         pb::ClusterMap {
-            nodes: c.nodes.iter().map(|n| pb::NodeInfo { id: n.id, addr: n.addr.clone() }).collect(),
+            nodes: c
+                .nodes
+                .iter()
+                .map(|n| pb::NodeInfo {
+                    id: n.id,
+                    addr: n.addr.clone(),
+                })
+                .collect(),
             partitions: c.partitions,
             replication: c.replication,
             partition_info: (0..c.partitions)
                 .map(|p| pb::PartitionInfo {
                     id: p,
                     replicas: self.node.config.replicas(p),
-                    leader_hint: self.node.partitions.get(&p).and_then(|x| x.leader()).unwrap_or(0),
+                    leader_hint: self
+                        .node
+                        .partitions
+                        .get(&p)
+                        .and_then(|x| x.leader())
+                        .unwrap_or(0),
                 })
                 .collect(),
             strict_prefixes: c.strict_prefixes.clone(),
@@ -126,7 +148,12 @@ impl Namespace for Api {
                 let m = p.raft.metrics().borrow().clone();
                 let (inodes, entries) = p
                     .store
-                    .read(|v| Ok((v.counter(crate::keys::meta::INODES)?, v.counter(crate::keys::meta::ENTRIES)?)))
+                    .read(|v| {
+                        Ok((
+                            v.counter(crate::keys::meta::INODES)?,
+                            v.counter(crate::keys::meta::ENTRIES)?,
+                        ))
+                    })
                     .unwrap_or((0, 0));
                 pb::PartitionStatus {
                     id: p.id,
@@ -142,22 +169,42 @@ impl Namespace for Api {
             })
             .collect();
         parts.sort_by_key(|p| p.id);
-        let addr = self.node.peers.addr(self.node.config.node_id).unwrap_or_default().to_string();
-        Ok(Response::new(pb::StatusReply { node_id: self.node.config.node_id, addr, partitions: parts }))
+        let addr = self
+            .node
+            .peers
+            .addr(self.node.config.node_id)
+            .unwrap_or_default()
+            .to_string();
+        Ok(Response::new(pb::StatusReply {
+            node_id: self.node.config.node_id,
+            addr,
+            partitions: parts,
+        }))
     }
 
     async fn lookup(&self, r: Request<pb::LookupRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (attr, epoch) = self.node.lookup(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name).await?;
-        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+        let (attr, epoch) = self
+            .node
+            .lookup(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
+            .await?;
+        Ok(Response::new(pb::EntryReply {
+            attr: attr_reply(&attr),
+            epoch,
+        }))
     }
 
     async fn get_attr(&self, r: Request<pb::GetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let attr = self.node.getattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino)).await?;
-        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+        let attr = self
+            .node
+            .getattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
+            .await?;
+        Ok(Response::new(pb::AttrReply {
+            attr: attr_reply(&attr),
+        }))
     }
 
     async fn set_attr(&self, r: Request<pb::SetAttrRequest>) -> Res<pb::AttrReply> {
@@ -172,22 +219,36 @@ impl Namespace for Api {
             atime: if r.atime_now { Some(now) } else { ts(r.atime)? },
             mtime: if r.mtime_now { Some(now) } else { ts(r.mtime)? },
         };
-        let attr = self.node.setattr(h.partition, h.epoch, Ino(r.ino), change).await?;
-        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+        let attr = self
+            .node
+            .setattr(h.partition, h.epoch, Ino(r.ino), change)
+            .await?;
+        Ok(Response::new(pb::AttrReply {
+            attr: attr_reply(&attr),
+        }))
     }
 
     async fn create(&self, r: Request<pb::CreateRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
         let spec = create_spec(&r)?;
-        let (attr, epoch) = self.node.create(h.partition, h.epoch, Ino(r.parent), &r.name, &spec).await?;
-        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+        let (attr, epoch) = self
+            .node
+            .create(h.partition, h.epoch, Ino(r.parent), &r.name, &spec)
+            .await?;
+        Ok(Response::new(pb::EntryReply {
+            attr: attr_reply(&attr),
+            epoch,
+        }))
     }
 
     async fn remove(&self, r: Request<pb::RemoveRequest>) -> Res<pb::RemoveReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (ino, nlink) = self.node.remove(h.partition, h.epoch, Ino(r.parent), &r.name, r.directory).await?;
+        let (ino, nlink) = self
+            .node
+            .remove(h.partition, h.epoch, Ino(r.parent), &r.name, r.directory)
+            .await?;
         Ok(Response::new(pb::RemoveReply { ino: ino.0, nlink }))
     }
 
@@ -196,7 +257,15 @@ impl Namespace for Api {
         let h = header(r.header);
         let epoch = self
             .node
-            .rename(h.partition, h.epoch, Ino(r.src_parent), &r.src_name, Ino(r.dst_parent), &r.dst_name, r.flags)
+            .rename(
+                h.partition,
+                h.epoch,
+                Ino(r.src_parent),
+                &r.src_name,
+                Ino(r.dst_parent),
+                &r.dst_name,
+                r.flags,
+            )
             .await?;
         Ok(Response::new(pb::RenameReply { epoch }))
     }
@@ -204,8 +273,20 @@ impl Namespace for Api {
     async fn link(&self, r: Request<pb::LinkRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (attr, epoch) = self.node.link(h.partition, h.epoch, Ino(r.ino), Ino(r.new_parent), &r.new_name).await?;
-        Ok(Response::new(pb::EntryReply { attr: attr_reply(&attr), epoch }))
+        let (attr, epoch) = self
+            .node
+            .link(
+                h.partition,
+                h.epoch,
+                Ino(r.ino),
+                Ino(r.new_parent),
+                &r.new_name,
+            )
+            .await?;
+        Ok(Response::new(pb::EntryReply {
+            attr: attr_reply(&attr),
+            epoch,
+        }))
     }
 
     async fn read_dir(&self, r: Request<pb::ReadDirRequest>) -> Res<pb::ReadDirReply> {
@@ -216,7 +297,15 @@ impl Namespace for Api {
         }
         let (entries, more) = self
             .node
-            .readdir(h.partition, h.relaxed_read, h.epoch, Ino(r.dir), &r.after, r.limit, r.plus)
+            .readdir(
+                h.partition,
+                h.relaxed_read,
+                h.epoch,
+                Ino(r.dir),
+                &r.after,
+                r.limit,
+                r.plus,
+            )
             .await?;
         let entries = entries
             .into_iter()
@@ -233,50 +322,82 @@ impl Namespace for Api {
     async fn get_xattr(&self, r: Request<pb::GetXattrRequest>) -> Res<pb::GetXattrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let value = self.node.getxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino), &r.name).await?;
+        let value = self
+            .node
+            .getxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino), &r.name)
+            .await?;
         Ok(Response::new(pb::GetXattrReply { value }))
     }
 
     async fn set_xattr(&self, r: Request<pb::SetXattrRequest>) -> Res<pb::Empty> {
         let r = r.into_inner();
         let h = header(r.header);
-        self.node.setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, Some(r.value), r.flags).await?;
+        self.node
+            .setxattr(
+                h.partition,
+                h.epoch,
+                Ino(r.ino),
+                &r.name,
+                Some(r.value),
+                r.flags,
+            )
+            .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
     async fn list_xattr(&self, r: Request<pb::ListXattrRequest>) -> Res<pb::ListXattrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let names = self.node.listxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino)).await?;
+        let names = self
+            .node
+            .listxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
+            .await?;
         Ok(Response::new(pb::ListXattrReply { names }))
     }
 
     async fn remove_xattr(&self, r: Request<pb::RemoveXattrRequest>) -> Res<pb::Empty> {
         let r = r.into_inner();
         let h = header(r.header);
-        self.node.setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, None, 0).await?;
+        self.node
+            .setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, None, 0)
+            .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
     async fn stat_fs(&self, r: Request<pb::StatFsRequest>) -> Res<pb::StatFsReply> {
         let h = header(r.into_inner().header);
         let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
-        Ok(Response::new(pb::StatFsReply { inodes, bytes: 0, entries }))
+        Ok(Response::new(pb::StatFsReply {
+            inodes,
+            bytes: 0,
+            entries,
+        }))
     }
 
     async fn set_class(&self, r: Request<pb::SetClassRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let class = class_from_wire(r.class)?.ok_or_else(|| TalonError::Invalid("class must be relaxed or strict".into()))?;
-        let attr = self.node.set_class(h.partition, h.epoch, Ino(r.ino), class).await?;
-        Ok(Response::new(pb::AttrReply { attr: attr_reply(&attr) }))
+        let class = class_from_wire(r.class)?
+            .ok_or_else(|| TalonError::Invalid("class must be relaxed or strict".into()))?;
+        let attr = self
+            .node
+            .set_class(h.partition, h.epoch, Ino(r.ino), class)
+            .await?;
+        Ok(Response::new(pb::AttrReply {
+            attr: attr_reply(&attr),
+        }))
     }
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {
         let r = r.into_inner();
         let h = header(r.header);
         if r.ops.len() > self.max_batch() {
-            return Err(TalonError::Invalid(format!("batch of {} ops exceeds max_batch {}", r.ops.len(), self.max_batch())).into());
+            return Err(TalonError::Invalid(format!(
+                "batch of {} ops exceeds max_batch {}",
+                r.ops.len(),
+                self.max_batch()
+            ))
+            .into());
         }
         self.node.local(h.partition)?;
         let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; r.ops.len()];
@@ -292,7 +413,9 @@ impl Namespace for Api {
                     }
                     Err(e) => results[i] = Some(Err(e)),
                 },
-                Some(pb::batch_op::Op::Lookup(l)) => reads.push((i, Some((Ino(l.parent), l.name)), Ino(0))),
+                Some(pb::batch_op::Op::Lookup(l)) => {
+                    reads.push((i, Some((Ino(l.parent), l.name)), Ino(0)))
+                }
                 Some(pb::batch_op::Op::Getattr(g)) => reads.push((i, None, Ino(g.ino))),
                 None => results[i] = Some(Err(TalonError::Invalid("empty batch op".into()))),
             }
@@ -300,8 +423,14 @@ impl Namespace for Api {
         let node = &self.node;
         let read_futs = reads.into_iter().map(|(i, lookup, ino)| async move {
             let res = match lookup {
-                Some((parent, name)) => node.lookup(h.partition, h.relaxed_read, h.epoch, parent, &name).await.map(|(a, _)| a),
-                None => node.getattr(h.partition, h.relaxed_read, h.epoch, ino).await,
+                Some((parent, name)) => node
+                    .lookup(h.partition, h.relaxed_read, h.epoch, parent, &name)
+                    .await
+                    .map(|(a, _)| a),
+                None => {
+                    node.getattr(h.partition, h.relaxed_read, h.epoch, ino)
+                        .await
+                }
             };
             (i, res)
         });
@@ -318,10 +447,12 @@ impl Namespace for Api {
         let results = results
             .into_iter()
             .map(|r| pb::BatchResult {
-                result: Some(match r.unwrap_or_else(|| Err(TalonError::Invalid("op not run".into()))) {
-                    Ok(a) => pb::batch_result::Result::Attr(pb::Attr::from(&a)),
-                    Err(e) => pb::batch_result::Result::Error(e.to_detail()),
-                }),
+                result: Some(
+                    match r.unwrap_or_else(|| Err(TalonError::Invalid("op not run".into()))) {
+                        Ok(a) => pb::batch_result::Result::Attr(pb::Attr::from(&a)),
+                        Err(e) => pb::batch_result::Result::Error(e.to_detail()),
+                    },
+                ),
             })
             .collect();
         Ok(Response::new(pb::BatchReply { results }))
@@ -329,18 +460,25 @@ impl Namespace for Api {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
-    bincode::deserialize(payload).map_err(|e| Status::invalid_argument(format!("undecodable payload: {e}")))
+    bincode::deserialize(payload)
+        .map_err(|e| Status::invalid_argument(format!("undecodable payload: {e}")))
 }
 
-fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(r: Result<T, E>) -> Res<RaftReply> {
+fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(
+    r: Result<T, E>,
+) -> Res<RaftReply> {
     let out = match r {
         Ok(v) => RaftReply {
-            payload: bincode::serialize(&v).map_err(|e| Status::internal(e.to_string()))?.into(),
+            payload: bincode::serialize(&v)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .into(),
             ..Default::default()
         },
         Err(e) => RaftReply {
             error: e.to_string(),
-            error_payload: bincode::serialize(&e).map_err(|e| Status::internal(e.to_string()))?.into(),
+            error_payload: bincode::serialize(&e)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .into(),
             ..Default::default()
         },
     };
@@ -349,7 +487,9 @@ fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(r: Result
 
 impl RaftApi {
     fn raft(&self, p: u32) -> Result<&Arc<crate::partition::Partition>, Status> {
-        self.node.local(p).map_err(|e| Status::not_found(e.to_string()))
+        self.node
+            .local(p)
+            .map_err(|e| Status::not_found(e.to_string()))
     }
 }
 
@@ -386,7 +526,9 @@ impl RaftSvc for RaftApi {
         let req: PeerRequest = decode(&r.payload)?;
         match self.node.handle_peer(r.partition, req).await {
             Ok(v) => Ok(Response::new(RaftReply {
-                payload: bincode::serialize(&v).map_err(|e| Status::internal(e.to_string()))?.into(),
+                payload: bincode::serialize(&v)
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .into(),
                 ..Default::default()
             })),
             Err(e) => Ok(Response::new(RaftReply {

@@ -27,7 +27,14 @@ use talon_model::{attr::Attr, Class, FileKind, Ino, Time, ROOT_INO};
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
-fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error + 'static) -> StorageError {
+/// One entry of a readdir page: name and dentry.
+pub type DirPageEntry = (Vec<u8>, crate::apply::Dentry);
+
+fn io_err(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: impl std::error::Error + 'static,
+) -> StorageError {
     StorageIOError::new(subject, verb, AnyError::new(&e)).into()
 }
 
@@ -56,7 +63,12 @@ pub struct SmStore {
 
 impl std::fmt::Debug for SmStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SmStore(partition {}, {})", self.partition, self.dir.display())
+        write!(
+            f,
+            "SmStore(partition {}, {})",
+            self.partition,
+            self.dir.display()
+        )
     }
 }
 
@@ -83,7 +95,13 @@ fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
         parent: ROOT_INO,
     };
     let mut b = WriteBatch::default();
-    b.put(keys::inode(ROOT_INO), enc(&InodeRec { attr, symlink: Vec::new() }));
+    b.put(
+        keys::inode(ROOT_INO),
+        enc(&InodeRec {
+            attr,
+            symlink: Vec::new(),
+        }),
+    );
     b.put(meta::INODES, 1u64.to_le_bytes());
     db.write(b)?;
     Ok(())
@@ -92,7 +110,8 @@ fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
 impl SmStore {
     /// Opens (or creates) the state of `partition` under `dir`.
     pub fn open(dir: &Path, partition: u32) -> Result<Arc<SmStore>, Fatal> {
-        std::fs::create_dir_all(dir).map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
         let current = dir.join("CURRENT_DB");
         let name = match std::fs::read_to_string(&current) {
             Ok(s) => s.trim().to_string(),
@@ -114,7 +133,12 @@ impl SmStore {
         if partition == 0 {
             seed_root(&db, Time::now())?;
         }
-        Ok(Arc::new(SmStore { partition, dir: dir.to_path_buf(), db: RwLock::new(Arc::new(db)), swap: Mutex::new(()) }))
+        Ok(Arc::new(SmStore {
+            partition,
+            dir: dir.to_path_buf(),
+            db: RwLock::new(Arc::new(db)),
+            swap: Mutex::new(()),
+        }))
     }
 
     /// The live RocksDB instance.
@@ -140,8 +164,15 @@ impl SmStore {
 }
 
 fn read_applied(db: &DB) -> Result<(Option<LogId<NodeId>>, Membership), Fatal> {
-    let applied = db.get(meta::APPLIED)?.map(|b| dec(&b, "applied")).transpose()?;
-    let membership = db.get(meta::MEMBERSHIP)?.map(|b| dec(&b, "membership")).transpose()?.unwrap_or_default();
+    let applied = db
+        .get(meta::APPLIED)?
+        .map(|b| dec(&b, "applied"))
+        .transpose()?;
+    let membership = db
+        .get(meta::MEMBERSHIP)?
+        .map(|b| dec(&b, "membership"))
+        .transpose()?
+        .unwrap_or_default();
     Ok((applied, membership))
 }
 
@@ -183,7 +214,9 @@ pub struct PartitionSm {
 impl PartitionSm {
     /// Wraps a store.
     pub fn new(store: Arc<SmStore>) -> PartitionSm {
-        let applier = Applier { partition: store.partition };
+        let applier = Applier {
+            partition: store.partition,
+        };
         PartitionSm { store, applier }
     }
 }
@@ -206,7 +239,9 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
     let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
     let db = store.db();
-    let cp_dir = store.dir.join(format!("checkpoint-{}", rand::random::<u64>()));
+    let cp_dir = store
+        .dir
+        .join(format!("checkpoint-{}", rand::random::<u64>()));
     let cp = rocksdb::checkpoint::Checkpoint::new(&db).map_err(|e| werr(e.into()))?;
     cp.create_checkpoint(&cp_dir).map_err(|e| werr(e.into()))?;
     let result = (|| -> Result<Snapshot<TypeConfig>, Fatal> {
@@ -224,15 +259,32 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             let data = std::fs::read(e.path()).map_err(|e| Fatal::Corrupt(e.to_string()))?;
             files.push((name, data));
         }
-        let data = bincode::serialize(&PackedFiles { files }).map_err(|e| Fatal::Corrupt(e.to_string()))?;
+        let data = bincode::serialize(&PackedFiles { files })
+            .map_err(|e| Fatal::Corrupt(e.to_string()))?;
         let snapshot_id = match applied {
-            Some(l) => format!("{}-{}-{}-{:x}", l.leader_id.term, l.leader_id.node_id, l.index, rand::random::<u32>()),
+            Some(l) => format!(
+                "{}-{}-{}-{:x}",
+                l.leader_id.term,
+                l.leader_id.node_id,
+                l.index,
+                rand::random::<u32>()
+            ),
             None => format!("empty-{:x}", rand::random::<u32>()),
         };
-        let meta = SnapshotMeta { last_log_id: applied, last_membership: membership, snapshot_id };
-        let stored = StoredSnapshot { meta: meta.clone(), data };
+        let meta = SnapshotMeta {
+            last_log_id: applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
         write_atomic(&store.snapshot_file(), &enc(&stored))?;
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(stored.data)) })
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
     })();
     let _ = std::fs::remove_dir_all(&cp_dir);
     result.map_err(werr)
@@ -260,9 +312,10 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             last = Some(log_id);
             let res = match &entry.payload {
                 EntryPayload::Blank => CommandResult::None,
-                EntryPayload::Normal(cmd) => {
-                    self.applier.apply(&db, &mut overlay, cmd).map_err(|e| fatal(ErrorVerb::Write, e))?
-                }
+                EntryPayload::Normal(cmd) => self
+                    .applier
+                    .apply(&db, &mut overlay, cmd)
+                    .map_err(|e| fatal(ErrorVerb::Write, e))?,
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(log_id), m.clone()));
                     CommandResult::None
@@ -283,12 +336,15 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             batch.put(meta::MEMBERSHIP, enc(&m));
         }
         // openraft never runs apply and install_snapshot at once, so `db` is still live.
-        db.write(batch).map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
+        db.write(batch)
+            .map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
         Ok(results)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder { store: self.store.clone() }
+        SnapshotBuilder {
+            store: self.store.clone(),
+        }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
@@ -317,7 +373,10 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             Err(e) => return Err(io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e)),
         };
         let s: StoredSnapshot = dec(&bytes, "snapshot").map_err(rerr)?;
-        Ok(Some(Snapshot { meta: s.meta, snapshot: Box::new(Cursor::new(s.data)) }))
+        Ok(Some(Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
     }
 }
 
@@ -387,7 +446,7 @@ impl SmStore {
         dir: Ino,
         after: &[u8],
         limit: usize,
-    ) -> Result<(Vec<(Vec<u8>, crate::apply::Dentry)>, bool), Fatal> {
+    ) -> Result<(Vec<DirPageEntry>, bool), Fatal> {
         let db = self.db();
         let prefix = keys::dentry_prefix(dir);
         let mut it = db.raw_iterator();

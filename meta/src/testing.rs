@@ -65,7 +65,12 @@ impl TestClusterBuilder {
         }
         let entries: Vec<NodeEntry> = listeners
             .iter()
-            .map(|(id, l)| Ok(NodeEntry { id: *id, addr: l.local_addr()?.to_string() }))
+            .map(|(id, l)| {
+                Ok(NodeEntry {
+                    id: *id,
+                    addr: l.local_addr()?.to_string(),
+                })
+            })
             .collect::<std::io::Result<_>>()?;
         let mut configs = BTreeMap::new();
         let mut nodes = BTreeMap::new();
@@ -86,7 +91,11 @@ impl TestClusterBuilder {
             configs.insert(id, c);
             nodes.insert(id, Some(running));
         }
-        let cluster = TestCluster { nodes, configs, _root: root };
+        let cluster = TestCluster {
+            nodes,
+            configs,
+            _root: root,
+        };
         cluster.wait_for_leaders().await?;
         Ok(cluster)
     }
@@ -108,7 +117,12 @@ impl TestCluster {
             replication: 3,
             strict_prefixes: vec!["/checkpoints".into(), "/control".into()],
             relaxed_staleness_ms: 1000,
-            raft: RaftConfig { heartbeat_ms: 100, election_timeout_min_ms: 500, election_timeout_max_ms: 1000, ..RaftConfig::default() },
+            raft: RaftConfig {
+                heartbeat_ms: 100,
+                election_timeout_min_ms: 500,
+                election_timeout_max_ms: 1000,
+                ..RaftConfig::default()
+            },
         }
     }
 
@@ -131,7 +145,11 @@ impl TestCluster {
 
     /// Restarts a stopped node on its port and data directory.
     pub async fn restart_node(&mut self, id: u64) -> anyhow::Result<()> {
-        let c = self.configs.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?.clone();
+        let c = self
+            .configs
+            .get(&id)
+            .ok_or_else(|| anyhow::anyhow!("no node {id}"))?
+            .clone();
         let deadline = Instant::now() + Duration::from_secs(10);
         let listener = loop {
             match TcpListener::bind(&c.listen).await {
@@ -164,7 +182,12 @@ impl TestCluster {
     /// Waits (up to 30 s) until every partition has a leader among the running nodes.
     pub async fn wait_for_leaders(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let partitions = self.configs.values().next().map(|c| c.cluster.partitions).unwrap_or(0);
+        let partitions = self
+            .configs
+            .values()
+            .next()
+            .map(|c| c.cluster.partitions)
+            .unwrap_or(0);
         loop {
             let mut missing = Vec::new();
             for p in 0..partitions {

@@ -66,13 +66,22 @@ impl Node {
             return match self.propose_on(p, Command::Atomic(ops)).await? {
                 CommandResult::Applied(o) => Ok(BTreeMap::from([(p, o)])),
                 CommandResult::Failed(e) => Err(e.into()),
-                other => Err(TalonError::Unavailable(format!("unexpected result {other:?}"))),
+                other => Err(TalonError::Unavailable(format!(
+                    "unexpected result {other:?}"
+                ))),
             };
         }
-        let txid = TxId { coordinator, id: rand::random() };
+        let txid = TxId {
+            coordinator,
+            id: rand::random(),
+        };
         let at_ms = now_ms();
         let prepares = parts.iter().map(|(p, ops)| {
-            let cmd = Command::Prepare { txid, ops: ops.clone(), at_ms };
+            let cmd = Command::Prepare {
+                txid,
+                ops: ops.clone(),
+                at_ms,
+            };
             async move { (*p, self.propose_on(*p, cmd).await) }
         });
         let results = futures::future::join_all(prepares).await;
@@ -81,7 +90,9 @@ impl Node {
             let err = match r {
                 Ok(CommandResult::Prepared { .. }) => continue,
                 Ok(CommandResult::Failed(e)) => TalonError::from(e),
-                Ok(other) => TalonError::Unavailable(format!("partition {p}: unexpected {other:?}")),
+                Ok(other) => {
+                    TalonError::Unavailable(format!("partition {p}: unexpected {other:?}"))
+                }
                 Err(e) => e,
             };
             if refusal.as_ref().is_none_or(|r| rank(&err) < rank(r)) {
@@ -97,19 +108,30 @@ impl Node {
             self.abort(txid, parts.keys().copied()).await;
             return Err(err);
         }
-        match self.propose_on(coordinator, Command::Decide { txid, commit: true }).await {
+        match self
+            .propose_on(coordinator, Command::Decide { txid, commit: true })
+            .await
+        {
             Ok(CommandResult::Decided(true)) => {}
             Ok(_) => {
                 self.abort(txid, parts.keys().copied()).await;
-                return Err(TalonError::Retry(format!("transaction {txid} was aborted by recovery")));
+                return Err(TalonError::Retry(format!(
+                    "transaction {txid} was aborted by recovery"
+                )));
             }
             Err(e) => {
                 // The decision may or may not be recorded; recovery settles it either way.
-                return Err(TalonError::Unavailable(format!("transaction {txid}: decision unknown: {e}")));
+                return Err(TalonError::Unavailable(format!(
+                    "transaction {txid}: decision unknown: {e}"
+                )));
             }
         }
         let finishes = parts.keys().map(|p| async move {
-            (*p, self.propose_on(*p, Command::Finish { txid, commit: true }).await)
+            (
+                *p,
+                self.propose_on(*p, Command::Finish { txid, commit: true })
+                    .await,
+            )
         });
         let mut out = BTreeMap::new();
         for (p, r) in futures::future::join_all(finishes).await {
@@ -127,9 +149,26 @@ impl Node {
 
     async fn abort(&self, txid: TxId, parts: impl Iterator<Item = u32>) {
         // Record the abort first, so a late prepare cannot revive the transaction.
-        let _ = self.propose_on(txid.coordinator, Command::Decide { txid, commit: false }).await;
+        let _ = self
+            .propose_on(
+                txid.coordinator,
+                Command::Decide {
+                    txid,
+                    commit: false,
+                },
+            )
+            .await;
         let finishes = parts.map(|p| async move {
-            if let Err(e) = self.propose_on(p, Command::Finish { txid, commit: false }).await {
+            if let Err(e) = self
+                .propose_on(
+                    p,
+                    Command::Finish {
+                        txid,
+                        commit: false,
+                    },
+                )
+                .await
+            {
                 tracing::warn!(%txid, partition = p, "abort deferred to recovery: {e}");
             }
         });
@@ -156,7 +195,16 @@ impl Node {
                 if now.saturating_sub(rec.at_ms) < threshold {
                     continue;
                 }
-                let decision = match self.propose_on(txid.coordinator, Command::Decide { txid, commit: false }).await {
+                let decision = match self
+                    .propose_on(
+                        txid.coordinator,
+                        Command::Decide {
+                            txid,
+                            commit: false,
+                        },
+                    )
+                    .await
+                {
                     Ok(CommandResult::Decided(d)) => d,
                     Ok(other) => {
                         tracing::warn!(%txid, "decision query answered {other:?}");
@@ -168,7 +216,13 @@ impl Node {
                     }
                 };
                 tracing::info!(%txid, partition = p, commit = decision, "recovering stale transaction");
-                if let Err(e) = part.propose(Command::Finish { txid, commit: decision }).await {
+                if let Err(e) = part
+                    .propose(Command::Finish {
+                        txid,
+                        commit: decision,
+                    })
+                    .await
+                {
                     tracing::warn!(%txid, "finish during recovery failed: {e}");
                 }
             }
@@ -178,7 +232,8 @@ impl Node {
 
 /// Periodic recovery of stale intents; stops on `cancel`.
 pub async fn recovery_loop(node: Arc<Node>, cancel: CancellationToken) {
-    let period = Duration::from_millis((node.config.raft.txn_recovery_after_ms / 3).clamp(100, 1000));
+    let period =
+        Duration::from_millis((node.config.raft.txn_recovery_after_ms / 3).clamp(100, 1000));
     let mut tick = tokio::time::interval(period);
     loop {
         tokio::select! {

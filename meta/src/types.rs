@@ -285,7 +285,11 @@ pub struct Outcome {
 impl Outcome {
     /// The attributes of `ino` after the change, if it was touched and still exists.
     pub fn attr(&self, ino: Ino) -> Option<&Attr> {
-        self.attrs.iter().rev().find(|(i, _)| *i == ino).and_then(|(_, a)| a.as_ref())
+        self.attrs
+            .iter()
+            .rev()
+            .find(|(i, _)| *i == ino)
+            .and_then(|(_, a)| a.as_ref())
     }
 }
 
@@ -312,7 +316,10 @@ impl ApplyError {
 impl From<ApplyError> for TalonError {
     fn from(e: ApplyError) -> TalonError {
         match e {
-            ApplyError::Posix(errno, message) => TalonError::Posix { errno: Errno(errno), message },
+            ApplyError::Posix(errno, message) => TalonError::Posix {
+                errno: Errno(errno),
+                message,
+            },
             ApplyError::Locked(m) => TalonError::Retry(m),
             ApplyError::StaleEpoch(epoch) => TalonError::StaleEpoch { epoch },
             ApplyError::Invalid(m) => TalonError::Invalid(m),

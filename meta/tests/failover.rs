@@ -16,15 +16,25 @@ use tokio::sync::Mutex;
 
 /// Status of every partition on the node at `addr`: (partition, role, applied, entries).
 async fn node_status(addr: &str) -> Option<Vec<(u32, String, u64, u64)>> {
-    let mut c = NamespaceClient::connect(format!("http://{addr}")).await.ok()?;
+    let mut c = NamespaceClient::connect(format!("http://{addr}"))
+        .await
+        .ok()?;
     let s = c.status(StatusRequest {}).await.ok()?.into_inner();
-    Some(s.partitions.into_iter().map(|p| (p.id, p.role, p.applied_index, p.entries)).collect())
+    Some(
+        s.partitions
+            .into_iter()
+            .map(|p| (p.id, p.role, p.applied_index, p.entries))
+            .collect(),
+    )
 }
 
 async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
     for (i, addr) in pc.addrs.iter().enumerate() {
         if let Some(st) = node_status(addr).await {
-            if st.iter().any(|(p, role, _, _)| *p == partition && role == "LEADER") {
+            if st
+                .iter()
+                .any(|(p, role, _, _)| *p == partition && role == "LEADER")
+            {
                 return Some(i as u64 + 1);
             }
         }
@@ -32,15 +42,18 @@ async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
     None
 }
 
+/// Names acknowledged so far, with when.
+type Acked = Arc<Mutex<Vec<(Vec<u8>, Instant)>>>;
+
 struct Stream {
-    acked: Arc<Mutex<Vec<(Vec<u8>, Instant)>>>,
+    acked: Acked,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 /// Creates files in `dir` with 4 concurrent writers until stopped (at most 20,000).
 fn stream(c: &Client, dir: Ino, tag: &'static str) -> Stream {
-    let acked: Arc<Mutex<Vec<(Vec<u8>, Instant)>>> = Arc::default();
+    let acked: Acked = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let (c2, a2, s2) = (c.clone(), acked.clone(), stop.clone());
     let task = tokio::spawn(async move {
@@ -55,7 +68,9 @@ fn stream(c: &Client, dir: Ino, tag: &'static str) -> Stream {
                     match c.create(dir, &name, CreateSpec::file(0o644)).await {
                         Ok(_) => a.lock().await.push((name, Instant::now())),
                         // Not acknowledged: may or may not exist; only acknowledged ones count.
-                        Err(e) => eprintln!("create {} failed: {e}", String::from_utf8_lossy(&name)),
+                        Err(e) => {
+                            eprintln!("create {} failed: {e}", String::from_utf8_lossy(&name))
+                        }
                     }
                 }
             }
@@ -80,7 +95,10 @@ async fn list_all(c: &Client, dir: Ino) -> std::collections::HashSet<Vec<u8>> {
     let mut out = std::collections::HashSet::new();
     let mut cursor = Some(DirCursor::start());
     while let Some(cur) = cursor {
-        let (entries, next) = c.readdir_page(dir, &cur, 1000, false).await.expect("readdir");
+        let (entries, next) = c
+            .readdir_page(dir, &cur, 1000, false)
+            .await
+            .expect("readdir");
         out.extend(entries.into_iter().map(|e| e.name));
         cursor = next;
     }
@@ -101,7 +119,12 @@ async fn wait_ready(pc: &ProcCluster) -> Client {
     })
     .await;
     for p in 0..8 {
-        eventually(Duration::from_secs(30), "a leader for every partition", || leader_node(pc, p)).await;
+        eventually(
+            Duration::from_secs(30),
+            "a leader for every partition",
+            || leader_node(pc, p),
+        )
+        .await;
     }
     c
 }
@@ -110,19 +133,42 @@ async fn wait_ready(pc: &ProcCluster) -> Client {
 async fn creates_survive_killing_a_partition_leader() {
     let mut pc = ProcCluster::start(3, 8, test_raft(20_000, 1_000));
     let c = wait_ready(&pc).await;
-    let dir = c.mkdir("/stream", Default::default()).await.expect("mkdir").ino;
+    let dir = c
+        .mkdir("/stream", Default::default())
+        .await
+        .expect("mkdir")
+        .ino;
     let s = stream(&c, dir, "a");
-    eventually(Duration::from_secs(30), "creates before the kill", || async { (s.count().await >= 200).then_some(()) }).await;
+    eventually(
+        Duration::from_secs(30),
+        "creates before the kill",
+        || async { (s.count().await >= 200).then_some(()) },
+    )
+    .await;
     let victim = leader_node(&pc, 0).await.expect("leader of partition 0");
     pc.kill(victim);
     let at_kill = s.count().await;
-    eventually(Duration::from_secs(30), "creates to go on after the kill", || async { (s.count().await >= at_kill + 500).then_some(()) }).await;
+    eventually(
+        Duration::from_secs(30),
+        "creates to go on after the kill",
+        || async { (s.count().await >= at_kill + 500).then_some(()) },
+    )
+    .await;
     pc.restart(victim);
     let acked = s.finish().await;
-    println!("acknowledged {} creates; longest pause {:?}", acked.len(), max_gap(&acked));
+    println!(
+        "acknowledged {} creates; longest pause {:?}",
+        acked.len(),
+        max_gap(&acked)
+    );
     let listed = list_all(&c, dir).await;
     let missing: Vec<_> = acked.iter().filter(|(n, _)| !listed.contains(n)).collect();
-    assert!(missing.is_empty(), "{} acknowledged creates lost, e.g. {:?}", missing.len(), missing.first());
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged creates lost, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,21 +176,42 @@ async fn killed_node_catches_up_from_a_snapshot() {
     // Small snapshots so the log behind a stopped node is purged.
     let mut pc = ProcCluster::start(3, 8, test_raft(300, 20));
     let c = wait_ready(&pc).await;
-    let dir = c.mkdir("/stream", Default::default()).await.expect("mkdir").ino;
+    let dir = c
+        .mkdir("/stream", Default::default())
+        .await
+        .expect("mkdir")
+        .ino;
     let s = stream(&c, dir, "b");
-    eventually(Duration::from_secs(30), "creates before the kill", || async { (s.count().await >= 100).then_some(()) }).await;
+    eventually(
+        Duration::from_secs(30),
+        "creates before the kill",
+        || async { (s.count().await >= 100).then_some(()) },
+    )
+    .await;
     pc.kill(2);
     let at_kill = s.count().await;
     // Enough entries on every partition to build snapshots past node 2's log.
-    eventually(Duration::from_secs(60), "creates to go on without node 2", || async { (s.count().await >= at_kill + 4000).then_some(()) }).await;
+    eventually(
+        Duration::from_secs(60),
+        "creates to go on without node 2",
+        || async { (s.count().await >= at_kill + 4000).then_some(()) },
+    )
+    .await;
     let acked = s.finish().await;
-    println!("acknowledged {} creates; longest pause {:?}", acked.len(), max_gap(&acked));
+    println!(
+        "acknowledged {} creates; longest pause {:?}",
+        acked.len(),
+        max_gap(&acked)
+    );
     pc.restart(2);
     // Node 2 catches up: every partition's applied index and entry count match a peer's.
     eventually(Duration::from_secs(60), "node 2 to catch up", || async {
         let a = node_status(&pc.addrs[0]).await?;
         let b = node_status(&pc.addrs[1]).await?;
-        let same = a.iter().zip(&b).all(|(x, y)| x.0 == y.0 && x.3 == y.3 && y.2 >= x.2.saturating_sub(50));
+        let same = a
+            .iter()
+            .zip(&b)
+            .all(|(x, y)| x.0 == y.0 && x.3 == y.3 && y.2 >= x.2.saturating_sub(50));
         same.then_some(())
     })
     .await;
@@ -155,11 +222,25 @@ async fn killed_node_catches_up_from_a_snapshot() {
     // Serve reads from node 2 alone: kill the others' leadership by killing them.
     pc.kill(1);
     pc.kill(3);
-    let mut direct = NamespaceClient::connect(format!("http://{}", pc.addrs[1])).await.expect("connect node 2");
-    let st = direct.status(StatusRequest {}).await.expect("status").into_inner();
+    let mut direct = NamespaceClient::connect(format!("http://{}", pc.addrs[1]))
+        .await
+        .expect("connect node 2");
+    let st = direct
+        .status(StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
     let entries: u64 = st.partitions.iter().map(|p| p.entries).sum();
-    assert!(entries as usize >= acked.len(), "node 2 holds {entries} entries, want at least {}; log:\n{log}", acked.len());
-    let snapshotted = st.partitions.iter().filter(|p| p.snapshot_index > 0).count();
+    assert!(
+        entries as usize >= acked.len(),
+        "node 2 holds {entries} entries, want at least {}; log:\n{log}",
+        acked.len()
+    );
+    let snapshotted = st
+        .partitions
+        .iter()
+        .filter(|p| p.snapshot_index > 0)
+        .count();
     println!("node 2: {entries} entries, {snapshotted} partitions with a snapshot");
     assert!(snapshotted > 0, "no partition on node 2 has a snapshot");
 }

@@ -14,11 +14,22 @@ use talon_proto::v1::namespace_client::NamespaceClient;
 use tonic::transport::Channel;
 
 fn hdr(partition: u32) -> Option<pb::RequestHeader> {
-    Some(pb::RequestHeader { partition, epoch: 0, relaxed_read: false })
+    Some(pb::RequestHeader {
+        partition,
+        epoch: 0,
+        relaxed_read: false,
+    })
 }
 
 fn create(partition: u32, name: &[u8], kind: pb::FileKind) -> pb::CreateRequest {
-    pb::CreateRequest { header: hdr(partition), parent: ROOT_INO.0, name: name.to_vec(), kind: kind as i32, perm: 0o644, ..Default::default() }
+    pb::CreateRequest {
+        header: hdr(partition),
+        parent: ROOT_INO.0,
+        name: name.to_vec(),
+        kind: kind as i32,
+        perm: 0o644,
+        ..Default::default()
+    }
 }
 
 /// Sends a create to every partition and returns the error the right one gave (the other
@@ -31,14 +42,24 @@ async fn create_err(c: &mut NamespaceClient<Channel>, name: &[u8], partitions: u
             Err(s) => errs.push(TalonError::from(s)),
         }
     }
-    errs.into_iter().find(|e| !matches!(e, TalonError::WrongPartition(_))).unwrap_or(TalonError::WrongPartition(String::new()))
+    errs.into_iter()
+        .find(|e| !matches!(e, TalonError::WrongPartition(_)))
+        .unwrap_or(TalonError::WrongPartition(String::new()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_errors() {
-    let cluster = TestCluster::builder().nodes(1).partitions(4).replication(1).start().await.expect("cluster");
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(4)
+        .replication(1)
+        .start()
+        .await
+        .expect("cluster");
     let addr = cluster.addrs()[0].clone();
-    let mut c = NamespaceClient::connect(format!("http://{addr}")).await.expect("connect");
+    let mut c = NamespaceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
 
     for (name, want) in [
         (&b""[..], Errno::ENOENT),
@@ -49,11 +70,20 @@ async fn malformed_requests_get_errors() {
         (&[b'x'; 256][..], Errno::ENAMETOOLONG),
     ] {
         let e = create_err(&mut c, name, 4).await;
-        assert_eq!(e.errno(), want, "name {:?}: {e}", String::from_utf8_lossy(name));
+        assert_eq!(
+            e.errno(),
+            want,
+            "name {:?}: {e}",
+            String::from_utf8_lossy(name)
+        );
     }
 
     // Unknown partition.
-    let e = TalonError::from(c.create(create(9999, b"f", pb::FileKind::Regular)).await.expect_err("unknown partition"));
+    let e = TalonError::from(
+        c.create(create(9999, b"f", pb::FileKind::Regular))
+            .await
+            .expect_err("unknown partition"),
+    );
     assert!(matches!(e, TalonError::Invalid(_)), "{e}");
     // Unknown kind.
     let mut bad = create(0, b"f", pb::FileKind::Regular);
@@ -61,39 +91,99 @@ async fn malformed_requests_get_errors() {
     let e = TalonError::from(c.create(bad).await.expect_err("unknown kind"));
     assert!(matches!(e, TalonError::Invalid(_)), "{e}");
     // Oversized batch.
-    let ops = (0..2000).map(|i| pb::BatchOp { op: Some(pb::batch_op::Op::Getattr(pb::GetAttrRequest { header: None, ino: i })) }).collect();
-    let e = TalonError::from(c.batch(pb::BatchRequest { header: hdr(0), ops }).await.expect_err("oversized batch"));
+    let ops = (0..2000)
+        .map(|i| pb::BatchOp {
+            op: Some(pb::batch_op::Op::Getattr(pb::GetAttrRequest {
+                header: None,
+                ino: i,
+            })),
+        })
+        .collect();
+    let e = TalonError::from(
+        c.batch(pb::BatchRequest {
+            header: hdr(0),
+            ops,
+        })
+        .await
+        .expect_err("oversized batch"),
+    );
     assert!(matches!(e, TalonError::Invalid(_)), "{e}");
     // Bad timestamp.
-    let req = pb::SetAttrRequest { header: hdr(0), ino: ROOT_INO.0, mtime: Some(pb::Timestamp { secs: 0, nanos: 2_000_000_000 }), ..Default::default() };
+    let req = pb::SetAttrRequest {
+        header: hdr(0),
+        ino: ROOT_INO.0,
+        mtime: Some(pb::Timestamp {
+            secs: 0,
+            nanos: 2_000_000_000,
+        }),
+        ..Default::default()
+    };
     let e = TalonError::from(c.set_attr(req).await.expect_err("bad timestamp"));
     assert!(matches!(e, TalonError::Invalid(_)), "{e}");
     // An inode asked of the wrong partition.
-    let e = TalonError::from(c.get_attr(pb::GetAttrRequest { header: hdr(1), ino: ROOT_INO.0 }).await.expect_err("wrong partition"));
+    let e = TalonError::from(
+        c.get_attr(pb::GetAttrRequest {
+            header: hdr(1),
+            ino: ROOT_INO.0,
+        })
+        .await
+        .expect_err("wrong partition"),
+    );
     assert!(matches!(e, TalonError::WrongPartition(_)), "{e}");
     // Oversized xattr value.
-    let req = pb::SetXattrRequest { header: hdr(0), ino: ROOT_INO.0, name: b"user.big".to_vec(), value: vec![0; 70_000], flags: 0 };
+    let req = pb::SetXattrRequest {
+        header: hdr(0),
+        ino: ROOT_INO.0,
+        name: b"user.big".to_vec(),
+        value: vec![0; 70_000],
+        flags: 0,
+    };
     let e = TalonError::from(c.set_xattr(req).await.expect_err("oversized xattr"));
     assert_eq!(e.errno(), Errno::E2BIG);
 
     // Undecodable Raft payloads.
-    let mut raft = RaftClient::connect(format!("http://{addr}")).await.expect("connect raft");
+    let mut raft = RaftClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect raft");
     for p in [0u32, 77] {
-        let r = raft.append_entries(RaftRequest { partition: p, payload: vec![0xff; 64].into() }).await;
-        assert!(r.is_err(), "garbage append_entries on partition {p} accepted");
-        let r = raft.peer(RaftRequest { partition: p, payload: vec![1, 2, 3].into() }).await;
+        let r = raft
+            .append_entries(RaftRequest {
+                partition: p,
+                payload: vec![0xff; 64].into(),
+            })
+            .await;
+        assert!(
+            r.is_err(),
+            "garbage append_entries on partition {p} accepted"
+        );
+        let r = raft
+            .peer(RaftRequest {
+                partition: p,
+                payload: vec![1, 2, 3].into(),
+            })
+            .await;
         assert!(r.is_err(), "garbage peer call on partition {p} accepted");
     }
 
     // Garbage bytes straight onto the port.
-    for junk in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[0u8; 4096][..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\xff"] {
+    for junk in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        &[0u8; 4096][..],
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\xff",
+    ] {
         let mut s = std::net::TcpStream::connect(&addr).expect("tcp connect");
         let _ = s.write_all(junk);
         drop(s);
     }
 
     // The node still serves.
-    let ok = c.get_attr(pb::GetAttrRequest { header: hdr(0), ino: ROOT_INO.0 }).await.expect("getattr after abuse");
+    let ok = c
+        .get_attr(pb::GetAttrRequest {
+            header: hdr(0),
+            ino: ROOT_INO.0,
+        })
+        .await
+        .expect("getattr after abuse");
     assert_eq!(ok.into_inner().attr.map(|a| a.ino), Some(ROOT_INO.0));
     cluster.shutdown().await;
 }

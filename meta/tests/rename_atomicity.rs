@@ -27,7 +27,10 @@ const SOLO: usize = 6;
 const CONTESTED: usize = 6;
 
 fn names(i: usize) -> (Vec<u8>, Vec<u8>) {
-    (format!("file-{i}").into_bytes(), format!("moved-{i}").into_bytes())
+    (
+        format!("file-{i}").into_bytes(),
+        format!("moved-{i}").into_bytes(),
+    )
 }
 
 async fn exists(c: &Client, dir: Ino, name: &[u8]) -> Option<Ino> {
@@ -40,22 +43,43 @@ async fn exists(c: &Client, dir: Ino, name: &[u8]) -> Option<Ino> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cross_partition_rename_is_atomic_under_concurrency() {
-    let cluster = TestCluster::builder().nodes(3).partitions(8).replication(3).start().await.expect("cluster");
+    let cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(8)
+        .replication(3)
+        .start()
+        .await
+        .expect("cluster");
     let c = common::client(&cluster.addrs()).await;
-    let a = c.mkdir("/a", Default::default()).await.expect("mkdir /a").ino;
-    let b = c.mkdir("/b", Default::default()).await.expect("mkdir /b").ino;
+    let a = c
+        .mkdir("/a", Default::default())
+        .await
+        .expect("mkdir /a")
+        .ino;
+    let b = c
+        .mkdir("/b", Default::default())
+        .await
+        .expect("mkdir /b")
+        .ino;
 
     let mut inos = Vec::new();
     let mut cross = 0;
     for i in 0..SOLO + CONTESTED {
         let (n1, n2) = names(i);
-        let attr = c.create(a, &n1, talon_client::CreateSpec::file(0o644)).await.expect("create");
+        let attr = c
+            .create(a, &n1, talon_client::CreateSpec::file(0o644))
+            .await
+            .expect("create");
         inos.push(attr.ino);
-        if entry_partition(a, &n1, Class::Relaxed, 8) != entry_partition(b, &n2, Class::Relaxed, 8) {
+        if entry_partition(a, &n1, Class::Relaxed, 8) != entry_partition(b, &n2, Class::Relaxed, 8)
+        {
             cross += 1;
         }
     }
-    assert!(cross >= 6, "want most pairs on different partitions, got {cross}");
+    assert!(
+        cross >= 6,
+        "want most pairs on different partitions, got {cross}"
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let seqs: Arc<Vec<AtomicU64>> = Arc::new((0..SOLO).map(|_| AtomicU64::new(0)).collect());
@@ -66,9 +90,13 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
         tasks.push(tokio::spawn(async move {
             let (n1, n2) = names(i);
             let mut done = 0u64;
-            while !stop.load(Ordering::SeqCst) && done < 60 {
+            while !stop.load(Ordering::SeqCst) && done < 300 {
                 seqs[i].fetch_add(1, Ordering::SeqCst);
-                let r = if done % 2 == 0 { c.rename_entry(a, &n1, b, &n2, Default::default()).await } else { c.rename_entry(b, &n2, a, &n1, Default::default()).await };
+                let r = if done.is_multiple_of(2) {
+                    c.rename_entry(a, &n1, b, &n2, Default::default()).await
+                } else {
+                    c.rename_entry(b, &n2, a, &n1, Default::default()).await
+                };
                 r.unwrap_or_else(|e| panic!("solo rename {i} #{done} failed: {e}"));
                 seqs[i].fetch_add(1, Ordering::SeqCst);
                 done += 1;
@@ -83,7 +111,11 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
             while !stop.load(Ordering::SeqCst) && k < 3 * 80 {
                 let i = SOLO + (k as usize * 7 + t as usize) % CONTESTED;
                 let (n1, n2) = names(i);
-                let r = if k % 2 == 0 { c.rename_entry(a, &n1, b, &n2, Default::default()).await } else { c.rename_entry(b, &n2, a, &n1, Default::default()).await };
+                let r = if k.is_multiple_of(2) {
+                    c.rename_entry(a, &n1, b, &n2, Default::default()).await
+                } else {
+                    c.rename_entry(b, &n2, a, &n1, Default::default()).await
+                };
                 if let Err(e) = r {
                     assert_eq!(e.errno(), Errno::ENOENT, "contested rename failed with {e}");
                 }
@@ -101,9 +133,13 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
             let (n1, n2) = names(i);
             let s1 = seqs[i].load(Ordering::SeqCst);
             let completed = s1 / 2;
-            let at_a = completed % 2 == 0;
-            let (src, dst) = if at_a { ((a, &n1), (b, &n2)) } else { ((b, &n2), (a, &n1)) };
-            let dst_first = checks % 2 == 0;
+            let at_a = completed.is_multiple_of(2);
+            let (src, dst) = if at_a {
+                ((a, &n1), (b, &n2))
+            } else {
+                ((b, &n2), (a, &n1))
+            };
+            let dst_first = checks.is_multiple_of(2);
             let (first, second) = if dst_first { (dst, src) } else { (src, dst) };
             let f = exists(&c, first.0, first.1).await;
             let s = exists(&c, second.0, second.1).await;
@@ -112,15 +148,24 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
             }
             checks += 1;
             let (src_seen, dst_seen) = if dst_first { (s, f) } else { (f, s) };
-            if s1 % 2 == 0 {
+            if s1.is_multiple_of(2) {
                 assert_eq!(src_seen, Some(inos[i]), "file {i} quiescent at its source");
-                assert_eq!(dst_seen, None, "file {i} quiescent: destination must be absent");
+                assert_eq!(
+                    dst_seen, None,
+                    "file {i} quiescent: destination must be absent"
+                );
             } else {
                 in_flight_checks += 1;
                 if dst_first {
-                    assert!(!(src_seen.is_some() && dst_seen.is_some()), "file {i} visible under both names");
+                    assert!(
+                        !(src_seen.is_some() && dst_seen.is_some()),
+                        "file {i} visible under both names"
+                    );
                 } else {
-                    assert!(src_seen.is_some() || dst_seen.is_some(), "file {i} visible under neither name");
+                    assert!(
+                        src_seen.is_some() || dst_seen.is_some(),
+                        "file {i} visible under neither name"
+                    );
                 }
             }
         }
@@ -137,7 +182,10 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
         let (n1, n2) = names(i);
         let x = exists(&c, a, &n1).await;
         let y = exists(&c, b, &n2).await;
-        assert!(x.is_some() != y.is_some(), "file {i}: at /a {x:?}, at /b {y:?}");
+        assert!(
+            x.is_some() != y.is_some(),
+            "file {i}: at /a {x:?}, at /b {y:?}"
+        );
         assert_eq!(x.or(y), Some(*ino), "file {i} kept its ino");
     }
     cluster.shutdown().await;

@@ -7,20 +7,49 @@ mod common;
 use common::TestCluster;
 use std::sync::Arc;
 use std::time::Duration;
-use talon_client::{CreateSpec, DirCursor};
+use talon_client::CreateSpec;
 use talon_model::Errno;
 use tokio::sync::Mutex;
 
+/// Entries of `dir` on every partition leader's state: what is really there, whatever
+/// any client believes (the directory's inode may be gone).
+async fn children_on_leaders(cluster: &TestCluster, dir: talon_model::Ino) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for p in 0..8 {
+        let leader = cluster.leader_of(p).await.expect("leader");
+        let part = &cluster
+            .node(leader)
+            .expect("running leader")
+            .node
+            .partitions[&p];
+        part.linearizable().await.expect("read barrier");
+        let (entries, more) = part.store.readdir(dir, b"", 100_000).expect("scan");
+        assert!(!more);
+        out.extend(entries.into_iter().map(|(name, _)| name));
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rmdir_never_leaves_children_or_loses_creates() {
-    let cluster = TestCluster::builder().nodes(3).partitions(8).replication(3).start().await.expect("cluster");
+    let cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(8)
+        .replication(3)
+        .start()
+        .await
+        .expect("cluster");
     let c = common::client(&cluster.addrs()).await;
     let root = c.root();
     let mut rmdir_won = 0;
     let mut creates_won = 0;
     for round in 0..12u64 {
         let dname = format!("d{round}").into_bytes();
-        let dir = c.create(root, &dname, CreateSpec::dir(0o755, None)).await.expect("mkdir").ino;
+        let dir = c
+            .create(root, &dname, CreateSpec::dir(0o755, None))
+            .await
+            .expect("mkdir")
+            .ino;
         let acked: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let mut creators = Vec::new();
         for w in 0..3u64 {
@@ -33,7 +62,11 @@ async fn rmdir_never_leaves_children_or_loses_creates() {
                     match c.create(dir, &name, CreateSpec::file(0o644)).await {
                         Ok(_) => acked.lock().await.push(name),
                         Err(e) => {
-                            assert_eq!(e.errno(), Errno::ENOENT, "create under a racing rmdir: {e}");
+                            assert_eq!(
+                                e.errno(),
+                                Errno::ENOENT,
+                                "create under a racing rmdir: {e}"
+                            );
                             return;
                         }
                     }
@@ -44,14 +77,12 @@ async fn rmdir_never_leaves_children_or_loses_creates() {
             let c = c.clone();
             let dname = dname.clone();
             tokio::spawn(async move {
-                for _ in 0..20 {
-                    match c.remove(root, &dname, true).await {
-                        Ok(_) => return true,
-                        Err(e) if e.errno() == Errno::ENOTEMPTY => return false,
-                        Err(e) => panic!("rmdir failed: {e}"),
-                    }
+                tokio::time::sleep(Duration::from_millis((round * 5) % 15)).await;
+                match c.remove(root, &dname, true).await {
+                    Ok(_) => true,
+                    Err(e) if e.errno() == Errno::ENOTEMPTY => false,
+                    Err(e) => panic!("rmdir failed: {e}"),
                 }
-                false
             })
         };
         let removed = rm.await.expect("rmdir task");
@@ -59,26 +90,31 @@ async fn rmdir_never_leaves_children_or_loses_creates() {
             t.await.expect("creator task");
         }
         let acked = acked.lock().await.clone();
-        // Every partition's share of the directory, read by ino: what is really there.
-        let mut listed = Vec::new();
-        let mut cursor = Some(DirCursor::start());
-        while let Some(cur) = cursor {
-            let (entries, next) = c.readdir_page(dir, &cur, 1000, false).await.expect("readdir");
-            listed.extend(entries.into_iter().map(|e| e.name));
-            cursor = next;
-        }
+        let mut listed = children_on_leaders(&cluster, dir).await;
         if removed {
             rmdir_won += 1;
-            assert!(acked.is_empty(), "round {round}: rmdir succeeded after acknowledged creates {acked:?}");
-            assert!(listed.is_empty(), "round {round}: removed directory still has children {listed:?}");
-            let e = c.create(dir, b"late", CreateSpec::file(0o644)).await.expect_err("create in removed dir");
+            assert!(
+                acked.is_empty(),
+                "round {round}: rmdir succeeded after acknowledged creates {acked:?}"
+            );
+            assert!(
+                listed.is_empty(),
+                "round {round}: removed directory still has children {listed:?}"
+            );
+            let e = c
+                .create(dir, b"late", CreateSpec::file(0o644))
+                .await
+                .expect_err("create in removed dir");
             assert_eq!(e.errno(), Errno::ENOENT);
         } else {
             creates_won += 1;
             listed.sort();
             let mut want = acked.clone();
             want.sort();
-            assert_eq!(listed, want, "round {round}: listing differs from acknowledged creates");
+            assert_eq!(
+                listed, want,
+                "round {round}: listing differs from acknowledged creates"
+            );
         }
     }
     println!("rmdir won {rmdir_won} rounds, creates won {creates_won}");

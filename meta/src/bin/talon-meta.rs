@@ -50,21 +50,30 @@ enum Cmd {
 }
 
 fn parse_node(s: &str) -> anyhow::Result<NodeEntry> {
-    let (id, addr) = s.split_once('=').with_context(|| format!("node {s:?} is not id=host:port"))?;
-    Ok(NodeEntry { id: id.trim().parse().with_context(|| format!("node id {id:?}"))?, addr: addr.trim().to_string() })
+    let (id, addr) = s
+        .split_once('=')
+        .with_context(|| format!("node {s:?} is not id=host:port"))?;
+    Ok(NodeEntry {
+        id: id
+            .trim()
+            .parse()
+            .with_context(|| format!("node id {id:?}"))?,
+        addr: addr.trim().to_string(),
+    })
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -83,38 +92,75 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().cmd {
-        Cmd::Init { nodes, partitions, replication, strict, data_root, out } => {
-            let nodes: Vec<NodeEntry> = nodes.iter().map(|s| parse_node(s)).collect::<anyhow::Result<_>>()?;
+        Cmd::Init {
+            nodes,
+            partitions,
+            replication,
+            strict,
+            data_root,
+            out,
+        } => {
+            let nodes: Vec<NodeEntry> = nodes
+                .iter()
+                .map(|s| parse_node(s))
+                .collect::<anyhow::Result<_>>()?;
             std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
             for n in &nodes {
-                let mut c = Config { node_id: n.id, listen: n.addr.clone(), data_dir: data_root.join(format!("node{}", n.id)), ..Config::default() };
+                let mut c = Config {
+                    node_id: n.id,
+                    listen: n.addr.clone(),
+                    data_dir: data_root.join(format!("node{}", n.id)),
+                    ..Config::default()
+                };
                 c.cluster.nodes = nodes.clone();
                 c.cluster.partitions = partitions;
                 c.cluster.replication = replication.unwrap_or(3.min(nodes.len() as u32));
-                c.cluster.strict_prefixes = strict.iter().filter(|s| !s.is_empty()).cloned().collect();
+                c.cluster.strict_prefixes =
+                    strict.iter().filter(|s| !s.is_empty()).cloned().collect();
                 c.validate()?;
                 let path = out.join(format!("node{}.toml", n.id));
-                std::fs::write(&path, toml::to_string_pretty(&c)?).with_context(|| format!("write {}", path.display()))?;
+                std::fs::write(&path, toml::to_string_pretty(&c)?)
+                    .with_context(|| format!("write {}", path.display()))?;
                 println!("wrote {}", path.display());
             }
             Ok(())
         }
         Cmd::Start { config } => {
-            let text = std::fs::read_to_string(&config).with_context(|| format!("read {}", config.display()))?;
-            let c = Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+            let text = std::fs::read_to_string(&config)
+                .with_context(|| format!("read {}", config.display()))?;
+            let c = Config::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
             c.validate()?;
             talon_meta::node::run(c, shutdown_signal()).await?;
             Ok(())
         }
         Cmd::Status { addr } => {
-            let mut client = talon_proto::v1::namespace_client::NamespaceClient::connect(format!("http://{addr}"))
-                .await
-                .with_context(|| format!("connect {addr}"))?;
-            let s = client.status(talon_proto::v1::StatusRequest {}).await?.into_inner();
+            let mut client = talon_proto::v1::namespace_client::NamespaceClient::connect(format!(
+                "http://{addr}"
+            ))
+            .await
+            .with_context(|| format!("connect {addr}"))?;
+            let s = client
+                .status(talon_proto::v1::StatusRequest {})
+                .await?
+                .into_inner();
             println!("node {} at {}", s.node_id, s.addr);
-            println!("{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}", "partition", "role", "leader", "term", "last_log", "applied", "entries", "inodes");
+            println!(
+                "{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}",
+                "partition", "role", "leader", "term", "last_log", "applied", "entries", "inodes"
+            );
             for p in s.partitions {
-                println!("{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}", p.id, p.role, p.leader, p.term, p.last_log_index, p.applied_index, p.entries, p.inodes);
+                println!(
+                    "{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}",
+                    p.id,
+                    p.role,
+                    p.leader,
+                    p.term,
+                    p.last_log_index,
+                    p.applied_index,
+                    p.entries,
+                    p.inodes
+                );
             }
             Ok(())
         }

@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 use talon_client::{Client, ClientOptions};
 use talon_meta::config::{Config, NodeEntry, RaftConfig};
 
+#[allow(unused_imports)]
 pub use talon_meta::testing::TestCluster;
 
 /// A client of `addrs` with a generous per-operation deadline.
 pub async fn client(addrs: &[String]) -> Client {
-    let opts = ClientOptions { op_timeout: Duration::from_secs(60), ..ClientOptions::default() };
+    let opts = ClientOptions {
+        op_timeout: Duration::from_secs(60),
+        ..ClientOptions::default()
+    };
     Client::connect(addrs, opts).await.expect("connect client")
 }
 
@@ -34,8 +38,16 @@ pub struct ProcCluster {
 impl ProcCluster {
     /// Writes configs for `n` nodes and starts them.
     pub fn start(n: u64, partitions: u32, raft: RaftConfig) -> ProcCluster {
-        let dir = tempfile::Builder::new().prefix("talon-proc-").tempdir().expect("temp dir");
-        let nodes: Vec<NodeEntry> = (1..=n).map(|id| NodeEntry { id, addr: format!("127.0.0.1:{}", free_port()) }).collect();
+        let dir = tempfile::Builder::new()
+            .prefix("talon-proc-")
+            .tempdir()
+            .expect("temp dir");
+        let nodes: Vec<NodeEntry> = (1..=n)
+            .map(|id| NodeEntry {
+                id,
+                addr: format!("127.0.0.1:{}", free_port()),
+            })
+            .collect();
         let mut configs = Vec::new();
         for node in &nodes {
             let mut c = Config {
@@ -50,10 +62,16 @@ impl ProcCluster {
             c.cluster.replication = n.min(3) as u32;
             c.validate().expect("valid config");
             let path = dir.path().join(format!("node{}.toml", node.id));
-            std::fs::write(&path, toml::to_string(&c).expect("encode config")).expect("write config");
+            std::fs::write(&path, toml::to_string(&c).expect("encode config"))
+                .expect("write config");
             configs.push(path);
         }
-        let mut pc = ProcCluster { dir, configs, addrs: nodes.iter().map(|n| n.addr.clone()).collect(), children: Vec::new() };
+        let mut pc = ProcCluster {
+            dir,
+            configs,
+            addrs: nodes.iter().map(|n| n.addr.clone()).collect(),
+            children: Vec::new(),
+        };
         for i in 0..n as usize {
             let child = pc.spawn(i);
             pc.children.push(Some(child));
@@ -62,7 +80,8 @@ impl ProcCluster {
     }
 
     fn spawn(&self, i: usize) -> Child {
-        let log = std::fs::File::create(self.dir.path().join(format!("node{}.log", i + 1))).expect("log file");
+        let log = std::fs::File::create(self.dir.path().join(format!("node{}.log", i + 1)))
+            .expect("log file");
         Command::new(env!("CARGO_BIN_EXE_talon-meta"))
             .arg("start")
             .arg("--config")
