@@ -38,6 +38,9 @@ pub struct InodeRec {
     pub attr: Attr,
     /// Symlink target; empty for other kinds.
     pub symlink: Vec<u8>,
+    /// Retry token of the request that created it (0: none), so a retried create can
+    /// recognise its own earlier success.
+    pub creator: u64,
 }
 
 /// A prepared transaction's record on a participant.
@@ -585,7 +588,11 @@ impl Applier {
                         v.put(keys::live_dir(*dir), enc(class));
                     }
                 }
-                Op::NewInode { attr, symlink } => {
+                Op::NewInode {
+                    attr,
+                    symlink,
+                    creator,
+                } => {
                     let Some(ino) = new_inos.get(next_new).copied() else {
                         return Ok(Err(ApplyError::Invalid("inode allocation mismatch".into())));
                     };
@@ -597,6 +604,7 @@ impl Applier {
                         enc(&InodeRec {
                             attr: attr.clone(),
                             symlink: symlink.clone(),
+                            creator: *creator,
                         }),
                     );
                     v.add_counter(meta::INODES, 1)?;

@@ -98,6 +98,8 @@ pub struct CreateSpec {
     pub class: Option<Class>,
     /// EEXIST if the name exists (otherwise an existing regular file is returned).
     pub exclusive: bool,
+    /// Retry token of the request (0: none).
+    pub request_id: u64,
 }
 
 impl Node {
@@ -367,6 +369,7 @@ impl Node {
             Op::NewInode {
                 attr: Box::new(attr),
                 symlink: spec.symlink.clone(),
+                creator: spec.request_id,
             },
             Op::PutDentry {
                 parent,
@@ -429,11 +432,18 @@ impl Node {
                 })?;
                 Ok((attr, o.epoch))
             }
-            CommandResult::Failed(crate::types::ApplyError::Posix(17, _))
-                if !spec.exclusive && spec.kind == FileKind::Regular =>
-            {
+            CommandResult::Failed(crate::types::ApplyError::Posix(17, msg)) => {
+                let own_retry = spec.request_id != 0;
+                let open_existing = !spec.exclusive && spec.kind == FileKind::Regular;
+                if !own_retry && !open_existing {
+                    return Err(posix(Errno::EEXIST, msg));
+                }
                 let (attr, e) = self.lookup(part.id, false, epoch, parent, name).await?;
+                if own_retry && self.created_by(part, attr.ino, spec.request_id).await? {
+                    return Ok((attr, e));
+                }
                 match attr.kind {
+                    _ if !open_existing => Err(posix(Errno::EEXIST, msg)),
                     FileKind::Directory => {
                         Err(posix(Errno::EISDIR, "a directory of that name exists"))
                     }
@@ -445,6 +455,16 @@ impl Node {
                 "unexpected result {other:?}"
             ))),
         }
+    }
+
+    /// True if inode `ino` was created by the request with retry token `token`.
+    async fn created_by(&self, part: &Partition, ino: Ino, token: u64) -> Result<bool, TalonError> {
+        let rec = if ino.home() == part.id {
+            part.store.read(|v| v.inode(ino)).map_err(storage_error)?
+        } else {
+            self.read_inode(ino).await?
+        };
+        Ok(rec.is_some_and(|r| r.creator == token))
     }
 
     /// Many creates for one partition: planned separately, proposed concurrently so the

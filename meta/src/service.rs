@@ -84,6 +84,7 @@ fn create_spec(r: &pb::CreateRequest) -> Result<CreateSpec, TalonError> {
         symlink: r.symlink_target.clone(),
         class,
         exclusive: r.exclusive,
+        request_id: r.request_id,
     })
 }
 

@@ -100,6 +100,7 @@ fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
         enc(&InodeRec {
             attr,
             symlink: Vec::new(),
+            creator: 0,
         }),
     );
     b.put(meta::INODES, 1u64.to_le_bytes());

@@ -123,6 +123,8 @@ pub enum Op {
         attr: Box<Attr>,
         /// Symlink target (empty for other kinds).
         symlink: Vec<u8>,
+        /// The creating request's retry token (0: none), kept with the inode.
+        creator: u64,
     },
     /// Insert or replace a dentry.
     PutDentry {

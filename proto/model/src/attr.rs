@@ -50,13 +50,17 @@ impl std::str::FromStr for Class {
         match s {
             "relaxed" => Ok(Class::Relaxed),
             "strict" => Ok(Class::Strict),
-            other => Err(format!("unknown class {other:?}: expected relaxed or strict")),
+            other => Err(format!(
+                "unknown class {other:?}: expected relaxed or strict"
+            )),
         }
     }
 }
 
 /// A point in time, seconds and nanoseconds since the Unix epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Time {
     /// Seconds since the epoch (may be negative).
     pub secs: i64,
@@ -70,7 +74,10 @@ impl Time {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Time { secs: d.as_secs() as i64, nanos: d.subsec_nanos() }
+        Time {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        }
     }
 }
 
@@ -154,13 +161,18 @@ pub fn class_from_wire(v: i32) -> Result<Option<Class>, TalonError> {
         Ok(pb::ConsistencyClass::Unspecified) => Ok(None),
         Ok(pb::ConsistencyClass::Relaxed) => Ok(Some(Class::Relaxed)),
         Ok(pb::ConsistencyClass::Strict) => Ok(Some(Class::Strict)),
-        Err(_) => Err(TalonError::Invalid(format!("unknown consistency class {v}"))),
+        Err(_) => Err(TalonError::Invalid(format!(
+            "unknown consistency class {v}"
+        ))),
     }
 }
 
 impl From<Time> for pb::Timestamp {
     fn from(t: Time) -> Self {
-        pb::Timestamp { secs: t.secs, nanos: t.nanos }
+        pb::Timestamp {
+            secs: t.secs,
+            nanos: t.nanos,
+        }
     }
 }
 
@@ -168,9 +180,15 @@ impl TryFrom<pb::Timestamp> for Time {
     type Error = TalonError;
     fn try_from(t: pb::Timestamp) -> Result<Self, TalonError> {
         if t.nanos >= 1_000_000_000 {
-            return Err(TalonError::Invalid(format!("timestamp nanos {} out of range", t.nanos)));
+            return Err(TalonError::Invalid(format!(
+                "timestamp nanos {} out of range",
+                t.nanos
+            )));
         }
-        Ok(Time { secs: t.secs, nanos: t.nanos })
+        Ok(Time {
+            secs: t.secs,
+            nanos: t.nanos,
+        })
     }
 }
 
@@ -197,7 +215,8 @@ impl From<&Attr> for pb::Attr {
 }
 
 fn time_field(t: Option<pb::Timestamp>, what: &str) -> Result<Time, TalonError> {
-    t.ok_or_else(|| TalonError::Invalid(format!("attr without {what}")))?.try_into()
+    t.ok_or_else(|| TalonError::Invalid(format!("attr without {what}")))?
+        .try_into()
 }
 
 impl TryFrom<pb::Attr> for Attr {

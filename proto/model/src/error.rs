@@ -121,7 +121,10 @@ pub enum TalonError {
 impl TalonError {
     /// A POSIX error with a message.
     pub fn posix(errno: Errno, message: impl Into<String>) -> TalonError {
-        TalonError::Posix { errno, message: message.into() }
+        TalonError::Posix {
+            errno,
+            message: message.into(),
+        }
     }
 
     /// The errno to report to an application for this error.
@@ -149,13 +152,20 @@ impl TalonError {
     /// The wire form carried in a status or a batch result.
     pub fn to_detail(&self) -> pb::ErrorDetail {
         use pb::ErrorKind as K;
-        let mut d = pb::ErrorDetail { message: self.to_string(), ..Default::default() };
+        let mut d = pb::ErrorDetail {
+            message: self.to_string(),
+            ..Default::default()
+        };
         match self {
             TalonError::Posix { errno, .. } => {
                 d.kind = K::Posix as i32;
                 d.errno = errno.0;
             }
-            TalonError::NotLeader { leader_id, leader_addr, .. } => {
+            TalonError::NotLeader {
+                leader_id,
+                leader_addr,
+                ..
+            } => {
                 d.kind = K::NotLeader as i32;
                 d.leader_id = leader_id.unwrap_or(0);
                 d.leader_addr = leader_addr.clone().unwrap_or_default();
@@ -177,7 +187,10 @@ impl TalonError {
         use pb::ErrorKind as K;
         let message = d.message;
         match K::try_from(d.kind).unwrap_or(K::Unspecified) {
-            K::Posix => TalonError::Posix { errno: Errno(d.errno), message },
+            K::Posix => TalonError::Posix {
+                errno: Errno(d.errno),
+                message,
+            },
             K::NotLeader => TalonError::NotLeader {
                 partition: 0,
                 leader_id: (d.leader_id != 0).then_some(d.leader_id),
@@ -194,7 +207,10 @@ impl TalonError {
 
 impl From<Errno> for TalonError {
     fn from(errno: Errno) -> Self {
-        TalonError::Posix { errno, message: errno.name().to_string() }
+        TalonError::Posix {
+            errno,
+            message: errno.name().to_string(),
+        }
     }
 }
 

@@ -51,7 +51,7 @@ mod tests {
         assert_eq!(validate_name(b"a\0b"), Err(Errno::EINVAL));
         assert_eq!(validate_name(&[b'x'; 256]), Err(Errno::ENAMETOOLONG));
         assert_eq!(validate_name(&[b'x'; 255]), Ok(()));
-        assert_eq!(validate_name(b"...") , Ok(()));
+        assert_eq!(validate_name(b"..."), Ok(()));
         assert_eq!(validate_name("ünïcode.jpg".as_bytes()), Ok(()));
     }
 }
