@@ -8,7 +8,7 @@
 //! acknowledges everything queued first). Nothing outlives `shutdown()`, so the same data
 //! directory can be opened again at once.
 
-use crate::config::Config;
+use crate::config::{ClusterConfig, Config};
 use crate::network::{NetFactory, PeerRpc, Peers};
 use crate::partition::Partition;
 use crate::raft_log::LogDb;
@@ -88,6 +88,9 @@ pub enum StartError {
     /// The listener failed.
     #[error("listen: {0}")]
     Listen(String),
+    /// The config's cluster layout differs from the one this data was initialised with.
+    #[error("cluster layout differs from the one stored at init: {0}")]
+    ClusterMismatch(String),
 }
 
 fn raft_config(c: &Config) -> Result<Arc<openraft::Config>, String> {
@@ -125,13 +128,22 @@ impl Node {
         let rc = raft_config(&config).map_err(|e| StartError::Raft(0, e))?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let cluster_map = serde_json::to_vec(&config.cluster)
+            .map_err(|e| StartError::Storage(format!("encode cluster map: {e}")))?;
         let mut partitions = HashMap::new();
         for p in 0..config.cluster.partitions {
             if !config.replicas(p).contains(&me) {
                 continue;
             }
-            let store = SmStore::open(&config.data_dir.join("sm").join(p.to_string()), p)
-                .map_err(|e| StartError::Storage(format!("partition {p}: {e}")))?;
+            let store = SmStore::open(
+                &config.data_dir.join("sm").join(p.to_string()),
+                p,
+                &cluster_map,
+            )
+            .map_err(|e| StartError::Storage(format!("partition {p}: {e}")))?;
+            if p == 0 {
+                check_cluster_map(&store, &config.cluster)?;
+            }
             let raft = Raft::new(
                 me,
                 rc.clone(),
@@ -377,6 +389,35 @@ impl Node {
         });
         futures::future::join_all(futs).await;
     }
+}
+
+/// Refuses to start a node whose `[cluster]` table disagrees with the map stored in
+/// partition 0 at init on the layout (nodes, partitions, replication): placement depends on
+/// it, so data would silently become unreachable.
+fn check_cluster_map(store: &SmStore, cluster: &ClusterConfig) -> Result<(), StartError> {
+    let stored = store
+        .read(|v| v.get(crate::keys::meta::CLUSTER_MAP))
+        .map_err(|e| StartError::Storage(format!("read cluster map: {e}")))?;
+    let Some(bytes) = stored.filter(|b| !b.is_empty()) else {
+        return Ok(());
+    };
+    let stored: ClusterConfig = serde_json::from_slice(&bytes)
+        .map_err(|e| StartError::Storage(format!("decode stored cluster map: {e}")))?;
+    if stored.nodes != cluster.nodes
+        || stored.partitions != cluster.partitions
+        || stored.replication != cluster.replication
+    {
+        return Err(StartError::ClusterMismatch(format!(
+            "stored: {} nodes, {} partitions, replication {}; config: {} nodes, {} partitions, replication {}",
+            stored.nodes.len(),
+            stored.partitions,
+            stored.replication,
+            cluster.nodes.len(),
+            cluster.partitions,
+            cluster.replication
+        )));
+    }
+    Ok(())
 }
 
 /// A storage failure seen on a read path.

@@ -72,8 +72,9 @@ impl std::fmt::Debug for SmStore {
     }
 }
 
-/// Seed state written into a brand-new partition 0: the root directory.
-fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
+/// Seed state written into a brand-new partition 0: the root directory and the cluster
+/// map (the `[cluster]` table every node was started with).
+fn seed_root(db: &DB, now: Time, cluster_map: &[u8]) -> Result<(), Fatal> {
     if db.get(keys::inode(ROOT_INO))?.is_some() || db.get(meta::APPLIED)?.is_some() {
         return Ok(());
     }
@@ -104,13 +105,15 @@ fn seed_root(db: &DB, now: Time) -> Result<(), Fatal> {
         }),
     );
     b.put(meta::INODES, 1u64.to_le_bytes());
+    b.put(meta::CLUSTER_MAP, cluster_map);
     db.write(b)?;
     Ok(())
 }
 
 impl SmStore {
-    /// Opens (or creates) the state of `partition` under `dir`.
-    pub fn open(dir: &Path, partition: u32) -> Result<Arc<SmStore>, Fatal> {
+    /// Opens (or creates) the state of `partition` under `dir`. A new partition 0 is seeded
+    /// with the root directory and `cluster_map`.
+    pub fn open(dir: &Path, partition: u32, cluster_map: &[u8]) -> Result<Arc<SmStore>, Fatal> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
         let current = dir.join("CURRENT_DB");
@@ -132,7 +135,7 @@ impl SmStore {
         }
         let db = DB::open(&db_options(), dir.join(&name))?;
         if partition == 0 {
-            seed_root(&db, Time::now())?;
+            seed_root(&db, Time::now(), cluster_map)?;
         }
         Ok(Arc::new(SmStore {
             partition,

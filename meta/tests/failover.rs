@@ -244,3 +244,78 @@ async fn killed_node_catches_up_from_a_snapshot() {
     println!("node 2: {entries} entries, {snapshotted} partitions with a snapshot");
     assert!(snapshotted > 0, "no partition on node 2 has a snapshot");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
+    let mut pc = ProcCluster::start(3, 8, test_raft(20_000, 1_000));
+    let c = wait_ready(&pc).await;
+    let a = c
+        .mkdir("/a", Default::default())
+        .await
+        .expect("mkdir /a")
+        .ino;
+    let b = c
+        .mkdir("/b", Default::default())
+        .await
+        .expect("mkdir /b")
+        .ino;
+    const FILES: usize = 16;
+    let mut inos = Vec::new();
+    for i in 0..FILES {
+        let attr = c
+            .create(a, format!("f{i}").as_bytes(), CreateSpec::file(0o644))
+            .await
+            .expect("create");
+        inos.push(attr.ino);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut movers = Vec::new();
+    for i in 0..FILES {
+        let (c, stop) = (c.clone(), stop.clone());
+        movers.push(tokio::spawn(async move {
+            let (n1, n2) = (format!("f{i}").into_bytes(), format!("g{i}").into_bytes());
+            let mut at_a = true;
+            let mut moves = 0u32;
+            while !stop.load(Ordering::SeqCst) && moves < 2000 {
+                let r = if at_a {
+                    c.rename_entry(a, &n1, b, &n2, Default::default()).await
+                } else {
+                    c.rename_entry(b, &n2, a, &n1, Default::default()).await
+                };
+                match r {
+                    Ok(()) => at_a = !at_a,
+                    // Unknown outcome (the reply was lost in the crash): find out where it is.
+                    Err(_) => match c.lookup(a, &n1).await {
+                        Ok(_) => at_a = true,
+                        Err(_) => at_a = false,
+                    },
+                }
+                moves += 1;
+            }
+            moves
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let victim = leader_node(&pc, 3).await.expect("leader of partition 3");
+    pc.kill(victim);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    pc.restart(victim);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for m in movers {
+        total += m.await.expect("mover");
+    }
+    let recovered: usize = (1..=3)
+        .map(|id| pc.log(id).matches("recovering stale transaction").count())
+        .sum();
+    println!("{total} renames attempted around the crash of node {victim}; {recovered} intents resolved by recovery");
+    // Once recovery has resolved every intent, each file is under exactly one name.
+    for (i, ino) in inos.iter().enumerate() {
+        let (n1, n2) = (format!("f{i}").into_bytes(), format!("g{i}").into_bytes());
+        let x = c.lookup(a, &n1).await.ok().map(|a| a.ino);
+        let y = c.lookup(b, &n2).await.ok().map(|a| a.ino);
+        assert!(x.is_some() != y.is_some(), "file {i}: /a {x:?} /b {y:?}");
+        assert_eq!(x.or(y), Some(*ino));
+    }
+}

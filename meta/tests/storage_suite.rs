@@ -25,7 +25,7 @@ impl StoreBuilder<TypeConfig, LogStore, PartitionSm, Guard> for Builder {
         let dir = tempfile::tempdir().expect("create temp dir");
         let log = LogDb::open(&dir.path().join("log")).expect("open log db");
         // Partition 3: not partition 0, whose seeded root would count as applied state.
-        let store = SmStore::open(&dir.path().join("sm"), 3).expect("open state machine");
+        let store = SmStore::open(&dir.path().join("sm"), 3, b"").expect("open state machine");
         let ls = log.group(3);
         Ok((Guard { log, _dir: dir }, ls, PartitionSm::new(store)))
     }

@@ -86,7 +86,7 @@ impl ProcCluster {
             .arg("start")
             .arg("--config")
             .arg(&self.configs[i])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn,talon_meta::txn=info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
