@@ -169,6 +169,7 @@ impl Client {
             .map(|op| pb::BatchOp { op: Some(op) })
             .collect();
         let ops = &ops;
+        let read = self.read_for(p, read);
         let reply = self
             .retry_stale(|epoch| async move {
                 let req = pb::BatchRequest {

@@ -15,6 +15,10 @@
 //!
 //! Inode-level reads of attributes and xattrs are strict (linearizable) unless the method
 //! says otherwise; lookups and listings follow the directory's class.
+//!
+//! Read-your-writes: a relaxed read may be served by a follower that lags by up to the
+//! staleness bound. So that a client always sees its own changes, a relaxed read of a
+//! partition this client wrote to within twice the bound goes to the leader instead.
 
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
@@ -24,7 +28,9 @@ use crate::router::{ReadKind, Router};
 use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use talon_model::name::validate_symlink_target;
 use talon_model::placement::entry_partition;
 use talon_model::{validate_name, Attr, Class, Errno, FileKind, Ino, TalonError};
@@ -43,6 +49,12 @@ pub(crate) struct Inner {
     pub(crate) router: Router,
     pub(crate) cache: PathCache,
     pub(crate) opts: ClientOptions,
+    /// When this client last sent a write to each partition, in milliseconds after `born`
+    /// plus one (0: never).
+    last_write: Vec<AtomicU64>,
+    /// How long after a write relaxed reads of that partition go to the leader.
+    session_window: Duration,
+    born: Instant,
 }
 
 /// Decodes the attributes a reply must carry.
@@ -101,12 +113,18 @@ impl Client {
         let map = router.map();
         let ttl = opts.relaxed_ttl.unwrap_or(map.relaxed_staleness);
         let cache = PathCache::new(map.epoch, ttl, opts.cache_capacity);
+        let last_write = (0..map.partitions).map(|_| AtomicU64::new(0)).collect();
+        let session_window = map.relaxed_staleness * 2;
+        let inner = Inner {
+            router,
+            cache,
+            opts,
+            last_write,
+            session_window,
+            born: Instant::now(),
+        };
         Ok(Client {
-            inner: Arc::new(Inner {
-                router,
-                cache,
-                opts,
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -150,6 +168,35 @@ impl Client {
         Ok(())
     }
 
+    fn now_ms(&self) -> u64 {
+        self.inner.born.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Records that this client is sending a write that changes partition `p`.
+    pub(crate) fn note_write(&self, p: u32) {
+        if let Some(t) = self.inner.last_write.get(p as usize) {
+            t.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// `read`, upgraded from relaxed to strict when this client wrote to `p` recently
+    /// enough that a follower may not have its change yet.
+    pub(crate) fn read_for(&self, p: u32, read: ReadKind) -> ReadKind {
+        if read != ReadKind::RelaxedRead {
+            return read;
+        }
+        let Some(t) = self.inner.last_write.get(p as usize) else {
+            return read;
+        };
+        let t = t.load(Ordering::Relaxed);
+        let window = self.inner.session_window.as_millis() as u64;
+        if t != 0 && self.now_ms().saturating_sub(t) < window {
+            ReadKind::StrictRead
+        } else {
+            read
+        }
+    }
+
     /// Routes one RPC and records any epoch a `StaleEpoch` answer reveals.
     pub(crate) async fn call<T, F, Fut>(
         &self,
@@ -161,6 +208,9 @@ impl Client {
         F: Fn(pb::namespace_client::NamespaceClient<tonic::transport::Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        if read == ReadKind::Write {
+            self.note_write(p);
+        }
         let r = self.router().call(p, read, f).await;
         if let Err(TalonError::StaleEpoch { epoch }) = &r {
             self.cache().observe_epoch(*epoch);
@@ -241,6 +291,7 @@ impl Client {
         epoch: u64,
     ) -> Result<(Attr, u64), TalonError> {
         let p = self.partition_of(parent, name, class);
+        let read = self.read_for(p, read);
         let req = pb::LookupRequest {
             header: header(p, read, epoch),
             parent: parent.0,
@@ -263,6 +314,7 @@ impl Client {
         epoch: u64,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
+        let read = self.read_for(p, read);
         let req = pb::GetAttrRequest {
             header: header(p, read, epoch),
             ino: ino.0,
@@ -296,6 +348,9 @@ impl Client {
                 pb::ConsistencyClass::from,
             ) as i32,
             exclusive: spec.exclusive,
+            // One token per logical create: the router resends this very request, so a
+            // retry after a lost reply finds its own inode instead of EEXIST.
+            request_id: rand::random::<u64>().max(1),
         }
     }
 
@@ -375,6 +430,10 @@ impl Client {
         epoch: u64,
     ) -> Result<(), TalonError> {
         let p = self.partition_of(src_parent, src_name, src_class);
+        // The destination entry changes too, on its own partition.
+        if let Some(dst_class) = self.cache().class_of(dst_parent) {
+            self.note_write(self.partition_of(dst_parent, dst_name, dst_class));
+        }
         let req = pb::RenameRequest {
             header: header(p, ReadKind::Write, epoch),
             src_parent: src_parent.0,

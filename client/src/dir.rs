@@ -117,6 +117,7 @@ impl Client {
                 return Ok((Vec::new(), None));
             };
             let epoch = self.epoch();
+            let read = self.read_for(p, read);
             let req = pb::ReadDirRequest {
                 header: header(p, read, epoch),
                 dir: dir.0,

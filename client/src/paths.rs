@@ -192,6 +192,14 @@ impl Client {
         Ok(attr)
     }
 
+    /// Entry `name` of `dir` from the partition leader.
+    async fn lookup_strict(&self, dir: Dir, name: &[u8], epoch: u64) -> Result<Attr, TalonError> {
+        let r = self
+            .rpc_lookup(dir.ino, dir.class, name, ReadKind::StrictRead, epoch)
+            .await?;
+        Ok(r.0)
+    }
+
     async fn stat_comps(&self, comps: &[Vec<u8>], epoch: u64) -> Result<Attr, TalonError> {
         match comps.split_last() {
             None => {
@@ -254,7 +262,7 @@ impl Client {
                             parent = d;
                             continue;
                         }
-                        Ok(_) => return self.lookup_final(parent, name, epoch).await,
+                        Ok(_) => return self.lookup_strict(parent, name, epoch).await,
                         Err(e) if e.errno() == Errno::ENOENT => {}
                         Err(e) => return Err(e),
                     }
@@ -267,7 +275,7 @@ impl Client {
                     Ok((attr, _)) => attr,
                     // Someone else made it between our lookup and create.
                     Err(e) if opts.parents && e.errno() == Errno::EEXIST => {
-                        let a = self.lookup_final(parent, name, epoch).await?;
+                        let a = self.lookup_strict(parent, name, epoch).await?;
                         if a.kind != FileKind::Directory {
                             return Err(e);
                         }

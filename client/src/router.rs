@@ -15,8 +15,9 @@
 //!   which the last error is returned.
 //!
 //! A write whose connection broke mid-flight may have been applied; the router still sends
-//! it again elsewhere (the protocol has no request ids yet), so a retried create can answer
-//! EEXIST for the file it created itself.
+//! it again elsewhere. Creates carry a request token, so such a retry answers with the inode
+//! the first attempt made; other writes (remove, rename, link) have no token yet, so their
+//! retry after a lost reply can answer ENOENT or EEXIST for a change that did happen.
 
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
