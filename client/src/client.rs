@@ -414,6 +414,9 @@ impl Client {
         let reply = r?;
         if directory {
             self.cache().forget_class(Ino(reply.ino));
+        } else {
+            // Other names of the inode now show another link count.
+            self.cache().forget_attr(Ino(reply.ino));
         }
         Ok(reply)
     }
@@ -478,6 +481,7 @@ impl Client {
             .await?;
         self.cache().observe_epoch(reply.epoch);
         let attr = attr_of(reply.attr)?;
+        self.cache().note_attr(&attr);
         self.cache()
             .insert_dentry(new_parent, class, new_name, &attr, reply.epoch.max(epoch));
         Ok(attr)
@@ -540,7 +544,9 @@ impl Client {
                         |mut c| async move { c.set_attr(req).await },
                     )
                     .await?;
-                attr_of(reply.attr)
+                let attr = attr_of(reply.attr)?;
+                self.cache().note_attr(&attr);
+                Ok(attr)
             }
         })
         .await

@@ -5,6 +5,8 @@
 //!
 //! - dentries: `(parent ino, name) → attributes` of the entry;
 //! - directory paths: `/a/b → (ino, class)` for whole-path hits;
+//! - own changes: `ino → attributes` this client changed itself (setattr, link, unlink), so
+//!   that a cached entry never shows this client an attribute older than its own write;
 //! - directory classes: `ino → class`, used to route entry operations. A directory's class
 //!   can only change while it is empty, and then no entry of it exists to misroute; a
 //!   `WrongPartition` answer still makes the client drop and re-fetch the class.
@@ -76,6 +78,8 @@ impl CachedEntry {
 /// The client's path-resolution cache. See the module docs for its rules.
 pub struct PathCache {
     dentries: DashMap<(Ino, Vec<u8>), Stamped<CachedEntry>>,
+    /// Attributes this client changed, and when; `None` = changed, new value unknown.
+    own: DashMap<Ino, (Option<Attr>, Instant)>,
     dirs: DashMap<Vec<u8>, Stamped<(Ino, Class)>>,
     classes: DashMap<Ino, Class>,
     epoch: AtomicU64,
@@ -89,6 +93,7 @@ impl PathCache {
     pub fn new(epoch: u64, ttl: Duration, capacity: usize) -> PathCache {
         PathCache {
             dentries: DashMap::new(),
+            own: DashMap::new(),
             dirs: DashMap::new(),
             classes: DashMap::new(),
             epoch: AtomicU64::new(epoch),
@@ -134,11 +139,45 @@ impl PathCache {
         let key = (parent, name.to_vec());
         let hit = self.dentries.get(&key)?;
         if hit.usable(self.epoch(), self.ttl, now) {
-            return Some(hit.value.clone());
+            let mut entry = hit.value.clone();
+            let filled_at = hit.filled_at;
+            drop(hit);
+            if let Some(own) = self.own.get(&entry.attr.ino) {
+                if own.1 >= filled_at {
+                    match &own.0 {
+                        Some(attr) => entry.attr = attr.clone(),
+                        None => {
+                            drop(own);
+                            self.dentries.remove(&key);
+                            return None;
+                        }
+                    }
+                }
+            }
+            return Some(entry);
         }
         drop(hit);
         self.dentries.remove(&key);
         None
+    }
+
+    /// Records attributes this client just changed (a setattr or link reply): cached
+    /// entries naming `attr.ino` show them from now on.
+    pub fn note_attr(&self, attr: &Attr) {
+        self.note_own(attr.ino, Some(attr.clone()));
+    }
+
+    /// Records that this client changed `ino` in a way whose result it does not know (an
+    /// unlink of one of its names): cached entries naming it are not served any more.
+    pub fn forget_attr(&self, ino: Ino) {
+        self.note_own(ino, None);
+    }
+
+    fn note_own(&self, ino: Ino, attr: Option<Attr>) {
+        if self.own.len() > self.capacity {
+            self.own.clear();
+        }
+        self.own.insert(ino, (attr, Instant::now()));
     }
 
     /// Caches entry `name` of `parent` as read or written at epoch `epoch`. Entries of a
@@ -283,6 +322,7 @@ impl PathCache {
     /// Drops everything but the class table.
     pub fn clear(&self) {
         self.dentries.clear();
+        self.own.clear();
         self.dirs.clear();
     }
 
@@ -425,6 +465,35 @@ mod tests {
         assert!(c.dir_at(b"/d", t0).is_none());
         assert!(c.dentry_at(Ino(1), b"f", t0).is_some());
         assert_eq!(c.class_of(Ino(11)), Some(Class::Relaxed));
+    }
+
+    #[test]
+    fn own_changes_show_through_cached_entries() {
+        let c = PathCache::new(1, TTL, 100);
+        let f = attr(12, FileKind::Regular, Class::Relaxed);
+        c.insert_dentry(Ino(1), Class::Relaxed, b"f", &f, 1);
+        c.insert_dentry(Ino(1), Class::Relaxed, b"g", &f, 1);
+        let linked = Attr {
+            nlink: 2,
+            ..f.clone()
+        };
+        c.note_attr(&linked);
+        assert_eq!(c.dentry(Ino(1), b"g").map(|e| e.attr.nlink), Some(2));
+        // A fill after the change is newer than it.
+        c.insert_dentry(
+            Ino(1),
+            Class::Relaxed,
+            b"g",
+            &Attr {
+                nlink: 3,
+                ..f.clone()
+            },
+            1,
+        );
+        assert_eq!(c.dentry(Ino(1), b"g").map(|e| e.attr.nlink), Some(3));
+        c.forget_attr(Ino(12));
+        assert!(c.dentry(Ino(1), b"f").is_none());
+        assert!(c.dentry(Ino(1), b"g").is_none());
     }
 
     #[test]
