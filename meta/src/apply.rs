@@ -186,6 +186,12 @@ impl<'a> View<'a> {
         self.own
     }
 
+    /// The partition's namespace epoch. Epochs start at 1, so a client's 0 can only mean
+    /// "no check".
+    pub fn epoch(&self) -> Result<u64, Fatal> {
+        Ok(self.counter(meta::EPOCH)?.max(1))
+    }
+
     /// Reads a u64 counter in partition metadata.
     pub fn counter(&self, k: &[u8]) -> Result<u64, Fatal> {
         Ok(match self.get(k)? {
@@ -315,7 +321,7 @@ impl Applier {
                 if let Some(b) = v.get(&pk)? {
                     // A retried prepare: answer as the first time.
                     let rec: PreparedRec = dec(&b, "prepared")?;
-                    let epoch = v.counter(meta::EPOCH)?;
+                    let epoch = v.epoch()?;
                     return Ok(CommandResult::Prepared {
                         new_inos: rec.new_inos,
                         epoch,
@@ -342,7 +348,7 @@ impl Applier {
                     at_ms: *at_ms,
                 };
                 v.put(pk, enc(&rec));
-                let epoch = v.counter(meta::EPOCH)?;
+                let epoch = v.epoch()?;
                 Ok(CommandResult::Prepared { new_inos, epoch })
             }
             Command::Decide { txid, commit } => {
@@ -357,7 +363,7 @@ impl Applier {
                 let pk = keys::prepared(*txid);
                 let Some(b) = v.get(&pk)? else {
                     return Ok(CommandResult::Applied(Outcome {
-                        epoch: v.counter(meta::EPOCH)?,
+                        epoch: v.epoch()?,
                         ..Outcome::default()
                     }));
                 };
@@ -368,7 +374,7 @@ impl Applier {
                 v.del(pk);
                 if !commit {
                     return Ok(CommandResult::Applied(Outcome {
-                        epoch: v.counter(meta::EPOCH)?,
+                        epoch: v.epoch()?,
                         ..Outcome::default()
                     }));
                 }
@@ -403,7 +409,7 @@ impl Applier {
         for op in ops {
             match op {
                 Op::ExpectEpoch(e) => {
-                    let cur = v.counter(meta::EPOCH)?;
+                    let cur = v.epoch()?;
                     if *e != 0 && *e < cur {
                         return Ok(Err(ApplyError::StaleEpoch(cur)));
                     }
@@ -708,8 +714,10 @@ impl Applier {
                     v.del(keys::live_dir(*dir));
                 }
                 Op::BumpEpoch(e) => {
-                    let cur = v.counter(meta::EPOCH)?;
-                    v.set_counter(meta::EPOCH, cur.max(*e));
+                    // Each directory rename moves every partition one epoch on (they all take
+                    // part in it), so partitions agree on the epoch once it has finished.
+                    let cur = v.epoch()?;
+                    v.set_counter(meta::EPOCH, (cur + 1).max(*e));
                 }
                 Op::TouchDir { dir, nlink, now } => {
                     let Some(mut rec) = v.inode(*dir)? else {
@@ -729,7 +737,7 @@ impl Applier {
                 | Op::ExpectInode { .. } => {}
             }
         }
-        out.epoch = v.counter(meta::EPOCH)?;
+        out.epoch = v.epoch()?;
         Ok(Ok(out))
     }
 

@@ -257,11 +257,7 @@ impl Node {
             .read(|v| {
                 let key = crate::keys::dentry(parent, name);
                 let locked = v.get(&crate::keys::lock(&key))?.is_some();
-                Ok((
-                    v.dentry(parent, name)?,
-                    locked,
-                    v.counter(crate::keys::meta::EPOCH)?,
-                ))
+                Ok((v.dentry(parent, name)?, locked, v.epoch()?))
             })
             .map_err(storage_error)?;
         if locked {
@@ -656,7 +652,7 @@ impl Node {
         part.linearizable().await?;
         let (src, cur_epoch) = part
             .store
-            .read(|v| Ok((v.dentry(sp, sn)?, v.counter(crate::keys::meta::EPOCH)?)))
+            .read(|v| Ok((v.dentry(sp, sn)?, v.epoch()?)))
             .map_err(storage_error)?;
         let src = src.ok_or_else(|| {
             posix(

@@ -441,7 +441,7 @@ impl SmStore {
 
     /// The partition's namespace epoch.
     pub fn epoch(&self) -> Result<u64, Fatal> {
-        self.read(|v| v.counter(meta::EPOCH))
+        self.read(|v| v.epoch())
     }
 
     /// One page of the entries of `dir` held here, after `after`, at most `limit`.

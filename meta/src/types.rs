@@ -198,7 +198,7 @@ pub enum Op {
     },
     /// Mark `dir` removed on this partition: creates under it fail with ENOENT forever.
     Tombstone(Ino),
-    /// Raise the namespace epoch to at least this value (directory renames).
+    /// Move the namespace epoch one on, and to at least this value (directory renames).
     BumpEpoch(u64),
     /// Best-effort directory attribute update: link count change and mtime/ctime. Never
     /// fails and ignores locks (DESIGN.md: directory attributes may be updated
