@@ -236,6 +236,11 @@ impl Node {
         })
     }
 
+    /// Group-commit counters of the node's Raft log: (appends, fsyncs).
+    pub fn log_stats(&self) -> (u64, u64) {
+        self.log.stats()
+    }
+
     /// The cancellation token of the node.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()

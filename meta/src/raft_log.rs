@@ -15,6 +15,7 @@ use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -44,8 +45,18 @@ pub enum LogOpenError {
 /// The node-wide log database and its WAL flusher.
 pub struct LogDb {
     db: Arc<DB>,
+    stats: Arc<LogStats>,
     flush_tx: std::sync::Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
     flusher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Counters of the log's group commit.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// `append` calls (each one batch of entries of one group).
+    pub appends: AtomicU64,
+    /// WAL fsyncs.
+    pub syncs: AtomicU64,
 }
 
 impl Debug for LogDb {
@@ -64,11 +75,14 @@ impl LogDb {
         let db = Arc::new(DB::open(&o, path)?);
         let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
         let fdb = db.clone();
+        let stats = Arc::new(LogStats::default());
+        let fstats = stats.clone();
         let flusher = std::thread::Builder::new()
             .name("talon-log-flush".into())
-            .spawn(move || flush_loop(fdb, rx))?;
+            .spawn(move || flush_loop(fdb, fstats, rx))?;
         Ok(Arc::new(LogDb {
             db,
+            stats,
             flush_tx: std::sync::Mutex::new(Some(tx)),
             flusher: std::sync::Mutex::new(Some(flusher)),
         }))
@@ -80,6 +94,14 @@ impl LogDb {
             group,
             db: self.clone(),
         }
+    }
+
+    /// Group-commit counters: (appends, fsyncs) since the node started.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.stats.appends.load(Ordering::Relaxed),
+            self.stats.syncs.load(Ordering::Relaxed),
+        )
     }
 
     /// Stops the flusher after it has acknowledged everything queued.
@@ -99,13 +121,14 @@ impl LogDb {
 }
 
 /// One fsync for every append queued while the previous one ran.
-fn flush_loop(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {
         let mut pending = vec![first];
         while let Ok(more) = rx.try_recv() {
             pending.push(more);
         }
         let res = db.flush_wal(true);
+        stats.syncs.fetch_add(1, Ordering::Relaxed);
         for cb in pending {
             match &res {
                 Ok(()) => cb.log_io_completed(Ok(())),
@@ -293,6 +316,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .write_opt(batch, &wo)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        self.db.stats.appends.fetch_add(1, Ordering::Relaxed);
         match self.db.flush_sender() {
             Some(tx) => {
                 if let Err(mpsc::SendError(cb)) = tx.send(callback) {

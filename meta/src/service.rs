@@ -176,10 +176,13 @@ impl Namespace for Api {
             .addr(self.node.config.node_id)
             .unwrap_or_default()
             .to_string();
+        let (log_appends, log_syncs) = self.node.log_stats();
         Ok(Response::new(pb::StatusReply {
             node_id: self.node.config.node_id,
             addr,
             partitions: parts,
+            log_appends,
+            log_syncs,
         }))
     }
 
