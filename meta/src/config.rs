@@ -219,6 +219,14 @@ impl Config {
         replicas(&self.cluster, partition)
     }
 
+    /// The node that initialises `partition`'s group on first start, and so usually leads
+    /// it at first: the start of its replica rotation, so leaders spread over the nodes.
+    pub fn preferred_leader(&self, partition: u32) -> u64 {
+        let mut ids: Vec<u64> = self.cluster.nodes.iter().map(|n| n.id).collect();
+        ids.sort_unstable();
+        ids[partition as usize % ids.len()]
+    }
+
     /// The address of node `id`.
     pub fn addr_of(&self, id: u64) -> Option<&str> {
         self.cluster
@@ -296,5 +304,10 @@ mod tests {
             assert_ne!(r[0], r[1]);
         }
         assert_ne!(c.replicas(0), c.replicas(1));
+        let leaders: std::collections::BTreeSet<u64> = (0..6).map(|p| c.preferred_leader(p)).collect();
+        assert_eq!(leaders.len(), 3, "initial leaders spread over every node");
+        for p in 0..8 {
+            assert!(c.replicas(p).contains(&c.preferred_leader(p)));
+        }
     }
 }

@@ -187,11 +187,11 @@ impl Node {
         Ok(node)
     }
 
-    /// Initializes groups this node is the first replica of, on first start.
+    /// Initializes the groups this node is the preferred leader of, on first start.
     async fn initialize_groups(&self) -> Result<(), StartError> {
         for (p, part) in &self.partitions {
             let replicas = self.config.replicas(*p);
-            if replicas.first() != Some(&self.config.node_id) {
+            if self.config.preferred_leader(*p) != self.config.node_id {
                 continue;
             }
             let initialized = part
