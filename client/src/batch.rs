@@ -7,7 +7,9 @@
 //! input order. A whole-RPC failure (not leader, unavailable, ...) is retried by the router
 //! like any request; if it still fails, every op of that chunk reports the error. A
 //! `StaleEpoch` answer for a chunk is retried once with the newer epoch, as for the
-//! inode-level operations.
+//! inode-level operations. The server may also answer "not leader" (or "retry") per op,
+//! when leadership moved under the batch; those ops are sent again at the named leader
+//! until they settle or the operation deadline passes.
 
 use crate::client::{attr_of, check_name, header, read_kind, Client};
 use crate::router::ReadKind;
@@ -19,6 +21,11 @@ use talon_model::{Attr, Class, Ino, TalonError};
 use talon_proto::v1 as pb;
 use talon_proto::v1::batch_op::Op;
 use talon_proto::v1::batch_result::Result as BatchOutcome;
+
+/// First pause before resending ops a batch answered with a retryable error.
+const BATCH_BACKOFF_START: std::time::Duration = std::time::Duration::from_millis(5);
+/// Longest such pause.
+const BATCH_BACKOFF_CAP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// One op bound for a partition, with its position in the caller's input.
 type Slot = (usize, Op);
@@ -157,16 +164,56 @@ impl Client {
             .await
     }
 
+    /// Sends one chunk; ops answered with a per-op "try elsewhere or later" error (a
+    /// leader change between routing and applying) are sent again, at the leader they
+    /// name, until they settle or the operation deadline passes.
     async fn run_chunk(
         &self,
         p: u32,
         slots: Vec<Slot>,
         read: ReadKind,
     ) -> Vec<(usize, Result<Attr, TalonError>)> {
-        let (idx, ops): (Vec<usize>, Vec<Op>) = slots.into_iter().unzip();
-        let ops: Vec<pb::BatchOp> = ops
-            .into_iter()
-            .map(|op| pb::BatchOp { op: Some(op) })
+        let deadline = tokio::time::Instant::now() + self.router().op_timeout();
+        let mut backoff = BATCH_BACKOFF_START;
+        let mut pending = slots;
+        let mut done = Vec::with_capacity(pending.len());
+        loop {
+            let answers = self.send_chunk(p, &pending, read).await;
+            let mut again = Vec::new();
+            for ((i, op), r) in pending.into_iter().zip(answers) {
+                match r {
+                    Err(e) if per_op_retryable(&e) => {
+                        self.router().learn_leader(p, &e);
+                        again.push(((i, op), e));
+                    }
+                    r => done.push((i, r)),
+                }
+            }
+            if again.is_empty() {
+                return done;
+            }
+            if tokio::time::Instant::now() + backoff >= deadline {
+                done.extend(again.into_iter().map(|((i, _), e)| (i, Err(e))));
+                return done;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BATCH_BACKOFF_CAP);
+            pending = again.into_iter().map(|(slot, _)| slot).collect();
+        }
+    }
+
+    /// One `Batch` RPC (with the router's retries); one result per slot, in order.
+    async fn send_chunk(
+        &self,
+        p: u32,
+        slots: &[Slot],
+        read: ReadKind,
+    ) -> Vec<Result<Attr, TalonError>> {
+        let ops: Vec<pb::BatchOp> = slots
+            .iter()
+            .map(|(_, op)| pb::BatchOp {
+                op: Some(op.clone()),
+            })
             .collect();
         let ops = &ops;
         let read = self.read_for(p, read);
@@ -184,24 +231,29 @@ impl Client {
             })
             .await;
         match reply {
-            Err(e) => idx.into_iter().map(|i| (i, Err(e.clone()))).collect(),
+            Err(e) => vec![Err(e); slots.len()],
             Ok(reply) => {
                 let mut answers = reply.results.into_iter();
-                idx.into_iter()
-                    .map(|i| {
-                        let r = match answers.next().and_then(|r| r.result) {
-                            Some(BatchOutcome::Attr(a)) => attr_of(Some(a)),
-                            Some(BatchOutcome::Error(d)) => Err(TalonError::from_detail(d)),
-                            None => Err(TalonError::Invalid(
-                                "batch reply without this op's result".into(),
-                            )),
-                        };
-                        (i, r)
+                (0..slots.len())
+                    .map(|_| match answers.next().and_then(|r| r.result) {
+                        Some(BatchOutcome::Attr(a)) => attr_of(Some(a)),
+                        Some(BatchOutcome::Error(d)) => Err(TalonError::from_detail(d)),
+                        None => Err(TalonError::Invalid(
+                            "batch reply without this op's result".into(),
+                        )),
                     })
                     .collect()
             }
         }
     }
+}
+
+/// Per-op errors of a batch worth sending again: the op was not applied.
+fn per_op_retryable(e: &TalonError) -> bool {
+    matches!(
+        e,
+        TalonError::NotLeader { .. } | TalonError::Retry(_) | TalonError::Unavailable(_)
+    )
 }
 
 fn finish(results: Vec<Option<Result<Attr, TalonError>>>) -> Vec<Result<Attr, TalonError>> {

@@ -16,6 +16,9 @@ use talon_model::{Attr, Class, Errno, FileKind, TalonError, Time};
 /// The cluster used when neither `--cluster` nor `TALON_CLUSTER` is given.
 pub const DEFAULT_CLUSTER: &str = "127.0.0.1:7001";
 
+/// Deadline of each command's operations (and of finding the cluster).
+pub const CLI_OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `talon`: use a Talon namespace from the command line.
 #[derive(Debug, Parser)]
 #[command(name = "talon", version, about)]
@@ -120,7 +123,12 @@ pub fn seeds(cluster: &str) -> Vec<String> {
 
 /// Runs the command; returns the process exit status.
 pub async fn run(cli: Cli) -> i32 {
-    let client = match Client::connect(&seeds(&cli.cluster), ClientOptions::default()).await {
+    // Long enough to ride out a leader election, short enough for a person at a terminal.
+    let opts = ClientOptions {
+        op_timeout: CLI_OP_TIMEOUT,
+        ..ClientOptions::default()
+    };
+    let client = match Client::connect(&seeds(&cli.cluster), opts).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("talon: connect {}: {e}", cli.cluster);

@@ -255,6 +255,26 @@ impl Router {
         Err(last)
     }
 
+    /// Updates partition `p`'s leader hint from a `NotLeader` error that arrived outside
+    /// [`Router::call`] (inside a batch reply); other errors clear the hint.
+    pub fn learn_leader(&self, p: u32, err: &TalonError) {
+        let state = self.state();
+        let hinted = match err {
+            TalonError::NotLeader {
+                leader_id,
+                leader_addr,
+                ..
+            } => leader_addr
+                .as_deref()
+                .and_then(|a| state.map.node_by_addr(a))
+                .map(|n| n.id)
+                .or(*leader_id)
+                .filter(|id| state.map.replicas(p).contains(id)),
+            _ => None,
+        };
+        state.set_leader(p, hinted.unwrap_or(0));
+    }
+
     /// Sends one RPC to node `id` without routing or retries (used for `Status`).
     pub async fn call_node<T, F, Fut>(&self, id: u64, f: F) -> Result<T, TalonError>
     where
