@@ -304,7 +304,8 @@ mod tests {
             assert_ne!(r[0], r[1]);
         }
         assert_ne!(c.replicas(0), c.replicas(1));
-        let leaders: std::collections::BTreeSet<u64> = (0..6).map(|p| c.preferred_leader(p)).collect();
+        let leaders: std::collections::BTreeSet<u64> =
+            (0..6).map(|p| c.preferred_leader(p)).collect();
         assert_eq!(leaders.len(), 3, "initial leaders spread over every node");
         for p in 0..8 {
             assert!(c.replicas(p).contains(&c.preferred_leader(p)));

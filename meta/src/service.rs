@@ -403,7 +403,15 @@ impl Namespace for Api {
             ))
             .into());
         }
-        self.node.local(h.partition)?;
+        let part = self.node.local(h.partition)?;
+        // Creates need the leader: say so for the whole RPC rather than once per op.
+        let has_writes = r
+            .ops
+            .iter()
+            .any(|o| matches!(o.op, Some(pb::batch_op::Op::Create(_))));
+        if has_writes && part.leader() != Some(self.node.config.node_id) {
+            return Err(part.not_leader().into());
+        }
         let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; r.ops.len()];
         let mut creates = Vec::new();
         let mut create_idx = Vec::new();
