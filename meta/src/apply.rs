@@ -15,7 +15,7 @@
 
 use crate::keys::{self, meta};
 use crate::types::{
-    ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
+    ApplyError, AttrChange, Command, CommandResult, Expect, Layout, Op, Outcome, Target, TxId,
 };
 use rocksdb::DB;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -41,6 +41,50 @@ pub struct InodeRec {
     /// Retry token of the request that created it (0: none), so a retried create can
     /// recognise its own earlier success.
     pub creator: u64,
+    /// A chunked file's layout; `None` for a small file (its body is a `BodyRec`).
+    pub layout: Option<Layout>,
+}
+
+/// A small file's body in the packed store, with its checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BodyRec {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// The contents (may be shorter than the file's size: the tail reads as zeros).
+    pub data: Vec<u8>,
+}
+
+/// A chunk of a large file, with its checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRec {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// When it was written (leader wall clock, ms).
+    pub at_ms: u64,
+    /// The contents.
+    pub data: Vec<u8>,
+}
+
+impl BodyRec {
+    /// A body with its checksum.
+    pub fn new(data: Vec<u8>) -> BodyRec {
+        BodyRec {
+            crc: crc32c::crc32c(&data),
+            data,
+        }
+    }
+
+    /// True if the data still matches its checksum.
+    pub fn verify(&self) -> bool {
+        crc32c::crc32c(&self.data) == self.crc
+    }
+}
+
+impl ChunkRec {
+    /// True if the data still matches its checksum.
+    pub fn verify(&self) -> bool {
+        crc32c::crc32c(&self.data) == self.crc
+    }
 }
 
 /// A prepared transaction's record on a participant.
@@ -248,13 +292,17 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::AdjustInode { ino, .. }
             | Op::DropInode(ino)
             | Op::SetAttr { ino, .. }
-            | Op::Xattr { ino, .. } => keys::inode(*ino),
+            | Op::Xattr { ino, .. }
+            | Op::WriteBody { ino, .. }
+            | Op::CommitLayout { ino, .. } => keys::inode(*ino),
             Op::SetClass { dir, .. } => keys::inode(*dir),
             Op::BumpEpoch(_) => keys::EPOCH_LOCK.to_vec(),
             Op::ExpectEpoch(_)
             | Op::ExpectDirLive { .. }
             | Op::NewInode { .. }
             | Op::Relearn { .. }
+            | Op::PutChunk { .. }
+            | Op::DropChunks(_)
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -539,12 +587,41 @@ impl Applier {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
                 }
+                Op::WriteBody {
+                    ino,
+                    expect_generation,
+                    ..
+                }
+                | Op::CommitLayout {
+                    ino,
+                    expect_generation,
+                    ..
+                } => {
+                    let Some(r) = v.inode(*ino)? else {
+                        return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
+                    };
+                    match r.attr.kind {
+                        FileKind::Regular => {}
+                        FileKind::Directory => {
+                            return Ok(Err(posix(Errno::EISDIR, "is a directory")))
+                        }
+                        _ => return Ok(Err(posix(Errno::EINVAL, "not a regular file"))),
+                    }
+                    if *expect_generation != 0 && r.attr.generation != *expect_generation {
+                        return Ok(Err(ApplyError::Locked(format!(
+                            "inode {ino} is at generation {}, not {expect_generation}",
+                            r.attr.generation
+                        ))));
+                    }
+                }
                 Op::NewInode { .. }
                 | Op::PutDentry { .. }
                 | Op::DelDentry { .. }
                 | Op::Relearn { .. }
                 | Op::Tombstone(_)
                 | Op::BumpEpoch(_)
+                | Op::PutChunk { .. }
+                | Op::DropChunks(_)
                 | Op::TouchDir { .. } => {}
             }
         }
@@ -611,6 +688,7 @@ impl Applier {
                             attr: attr.clone(),
                             symlink: symlink.clone(),
                             creator: *creator,
+                            layout: None,
                         }),
                     );
                     v.add_counter(meta::INODES, 1)?;
@@ -675,6 +753,9 @@ impl Applier {
                     let Some(mut rec) = v.inode(*ino)? else {
                         continue;
                     };
+                    if let Some(size) = change.size {
+                        self.truncate_contents(v, *ino, &mut rec, size)?;
+                    }
                     apply_change(&mut rec.attr, change, *now);
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
@@ -731,6 +812,64 @@ impl Applier {
                     rec.attr.ctime = rec.attr.ctime.max(*now);
                     v.put(keys::inode(*dir), enc(&rec));
                 }
+                Op::WriteBody { ino, data, now, .. } => {
+                    let Some(mut rec) = v.inode(*ino)? else {
+                        continue;
+                    };
+                    v.add_counter(meta::BYTES, data.len() as i64 - rec.attr.size as i64)?;
+                    rec.attr.size = data.len() as u64;
+                    rec.attr.generation += 1;
+                    rec.attr.mtime = *now;
+                    rec.attr.ctime = *now;
+                    rec.layout = None;
+                    v.put(keys::body(*ino), enc(&BodyRec::new(data.clone())));
+                    out.attrs.push((*ino, Some(rec.attr.clone())));
+                    v.put(keys::inode(*ino), enc(&rec));
+                }
+                Op::PutChunk {
+                    ino,
+                    write_id,
+                    index,
+                    data,
+                    at_ms,
+                } => {
+                    let chunk = ChunkRec {
+                        crc: crc32c::crc32c(data),
+                        at_ms: *at_ms,
+                        data: data.clone(),
+                    };
+                    v.put(keys::chunk(*ino, *write_id, *index), enc(&chunk));
+                    v.put(
+                        keys::chunk_time(*ino, *write_id, *index),
+                        at_ms.to_le_bytes().to_vec(),
+                    );
+                }
+                Op::CommitLayout {
+                    ino,
+                    size,
+                    layout,
+                    now,
+                    ..
+                } => {
+                    let Some(mut rec) = v.inode(*ino)? else {
+                        continue;
+                    };
+                    v.add_counter(meta::BYTES, *size as i64 - rec.attr.size as i64)?;
+                    rec.attr.size = *size;
+                    rec.attr.generation += 1;
+                    rec.attr.mtime = *now;
+                    rec.attr.ctime = *now;
+                    rec.layout = Some(layout.clone());
+                    v.del(keys::body(*ino));
+                    out.attrs.push((*ino, Some(rec.attr.clone())));
+                    v.put(keys::inode(*ino), enc(&rec));
+                }
+                Op::DropChunks(chunks) => {
+                    for (ino, w, i) in chunks {
+                        v.del(keys::chunk(*ino, *w, *i));
+                        v.del(keys::chunk_time(*ino, *w, *i));
+                    }
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
@@ -741,10 +880,55 @@ impl Applier {
         Ok(Ok(out))
     }
 
+    /// Cuts or extends a file's contents to `size`: bytes past the old end read as zeros
+    /// (a small body is not padded; a chunked layout shortens its last chunk's valid length
+    /// and drops chunks past the end, which garbage collection then reclaims).
+    fn truncate_contents(
+        &self,
+        v: &mut View<'_>,
+        ino: Ino,
+        rec: &mut InodeRec,
+        size: u64,
+    ) -> Result<(), Fatal> {
+        if rec.attr.kind != FileKind::Regular {
+            return Ok(());
+        }
+        v.add_counter(meta::BYTES, size as i64 - rec.attr.size as i64)?;
+        match &mut rec.layout {
+            None => {
+                let key = keys::body(ino);
+                if let Some(b) = v.get(&key)? {
+                    let body: BodyRec = dec(&b, "body")?;
+                    if (body.data.len() as u64) > size {
+                        let mut data = body.data;
+                        data.truncate(size as usize);
+                        v.put(key, enc(&BodyRec::new(data)));
+                    }
+                }
+            }
+            Some(layout) => {
+                let cs = layout.chunk_size.max(1) as u64;
+                let keep = size.div_ceil(cs) as usize;
+                layout.chunks.truncate(keep);
+                if let Some(last) = layout.chunks.last_mut() {
+                    let valid = size - (keep as u64 - 1) * cs;
+                    last.len = last.len.min(valid as u32);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn drop_inode(&self, v: &mut View<'_>, ino: Ino) -> Result<(), Fatal> {
         for k in v.keys_with_prefix(&keys::xattr_prefix(ino))? {
             v.del(k);
         }
+        if let Some(rec) = v.inode(ino)? {
+            if rec.attr.kind == FileKind::Regular {
+                v.add_counter(meta::BYTES, -(rec.attr.size as i64))?;
+            }
+        }
+        v.del(keys::body(ino));
         v.del(keys::inode(ino));
         v.add_counter(meta::INODES, -1)
     }

@@ -41,6 +41,13 @@ pub struct ClusterConfig {
     pub max_batch: u32,
     /// Largest number of client commands merged into one Raft proposal.
     pub max_proposal_batch: u32,
+    /// Files up to this many bytes are stored whole in the packed store.
+    pub small_file_max: u32,
+    /// Chunk size of larger files.
+    pub chunk_size: u32,
+    /// Chunks no committed layout names are reclaimed once older than this (ms): long
+    /// enough for a slow writer to commit.
+    pub chunk_gc_grace_ms: u64,
 }
 
 /// One node of the cluster.
@@ -96,6 +103,9 @@ impl Default for ClusterConfig {
             relaxed_staleness_ms: 2000,
             max_batch: 1024,
             max_proposal_batch: 256,
+            small_file_max: 1 << 20,
+            chunk_size: 4 << 20,
+            chunk_gc_grace_ms: 10 * 60 * 1000,
         }
     }
 }
@@ -187,6 +197,12 @@ impl Config {
         }
         if c.max_batch == 0 || c.max_batch > 65_536 {
             return Err(invalid("cluster.max_batch", "must be 1..=65536"));
+        }
+        if c.small_file_max == 0 || c.small_file_max > 4 << 20 {
+            return Err(invalid("cluster.small_file_max", "must be 1..=4194304"));
+        }
+        if c.chunk_size < 4096 || c.chunk_size > 8 << 20 {
+            return Err(invalid("cluster.chunk_size", "must be 4096..=8388608"));
         }
         if c.max_proposal_batch == 0 {
             return Err(invalid("cluster.max_proposal_batch", "must be at least 1"));

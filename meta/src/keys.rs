@@ -14,6 +14,9 @@
 //! | `L` | locked key           | `TxId` of the prepared transaction       |
 //! | `P` | coordinator ‖ id     | `Prepared` record of a transaction       |
 //! | `C` | coordinator ‖ id     | decision of a coordinated transaction    |
+//! | `B` | ino                  | `BodyRec`: a small file's whole body    |
+//! | `K` | ino ‖ write id ‖ idx | `ChunkRec`: one chunk of a large file    |
+//! | `W` | ino ‖ write id ‖ idx | when the chunk was written (u64 ms)      |
 //! | `M` | name                 | partition metadata (applied, epoch, ...) |
 //!
 //! Lock keys (`L` ‖ k) name the key they protect: a dentry or inode key, `F` ‖ dir for an
@@ -42,6 +45,40 @@ pub mod tag {
     pub const DECISION: u8 = b'C';
     /// Partition metadata.
     pub const META: u8 = b'M';
+    /// Small-file bodies.
+    pub const BODY: u8 = b'B';
+    /// Chunks of large files.
+    pub const CHUNK: u8 = b'K';
+    /// Write times of chunks (small records the collector scans instead of the chunks).
+    pub const CHUNK_TIME: u8 = b'W';
+}
+
+/// Key of a small file's body.
+pub fn body(ino: Ino) -> Vec<u8> {
+    with_ino(tag::BODY, ino)
+}
+
+/// Key of chunk `index` written by `write_id` for `ino`.
+pub fn chunk(ino: Ino, write_id: u64, index: u32) -> Vec<u8> {
+    let mut k = with_ino(tag::CHUNK, ino);
+    k.extend_from_slice(&write_id.to_be_bytes());
+    k.extend_from_slice(&index.to_be_bytes());
+    k
+}
+
+/// Key of a chunk's write-time record.
+pub fn chunk_time(ino: Ino, write_id: u64, index: u32) -> Vec<u8> {
+    let mut k = chunk(ino, write_id, index);
+    k[0] = tag::CHUNK_TIME;
+    k
+}
+
+/// Decodes (ino, write id, index) from a chunk or chunk-time key.
+pub fn chunk_of(key: &[u8]) -> Option<(Ino, u64, u32)> {
+    let ino = ino_at(key, 1)?;
+    let w: [u8; 8] = key.get(9..17)?.try_into().ok()?;
+    let i: [u8; 4] = key.get(17..21)?.try_into().ok()?;
+    Some((ino, u64::from_be_bytes(w), u32::from_be_bytes(i)))
 }
 
 fn with_ino(tag: u8, ino: Ino) -> Vec<u8> {
@@ -140,6 +177,8 @@ pub mod meta {
     pub const INODES: &[u8] = b"Minodes";
     /// The cluster map (partition 0).
     pub const CLUSTER_MAP: &[u8] = b"Mcluster_map";
+    /// Logical bytes of bodies and chunks held.
+    pub const BYTES: &[u8] = b"Mbytes";
 }
 
 /// Decodes a big-endian ino from 8 bytes at `at`.

@@ -14,12 +14,14 @@
 //! - `partition`: one hosted replica with its proposal merging and read barrier.
 //! - `node`: a whole node: startup, routing to other partitions' leaders, shutdown.
 //! - `namespace`: the namespace operations (planning op lists per partition).
+//! - `data`: file contents: packed small-file bodies, chunks, layouts, checksums, GC.
 //! - `txn`: two-phase commit across partitions and recovery of stale intents.
 //! - `service`: the gRPC edge: wire validation and error mapping.
 //! - `testing`: an in-process cluster fixture for tests.
 
 pub mod apply;
 pub mod config;
+pub mod data;
 pub mod keys;
 pub mod namespace;
 pub mod network;

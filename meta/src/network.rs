@@ -25,7 +25,7 @@ use talon_proto::raft::RaftRequest;
 use tonic::transport::{Channel, Endpoint};
 
 /// Largest gRPC message between nodes (snapshot chunks, large appends).
-pub const MAX_PEER_MESSAGE: usize = 64 << 20;
+pub const MAX_PEER_MESSAGE: usize = 160 << 20;
 
 /// Channels to the other nodes of the cluster, created lazily and kept for the node's life.
 #[derive(Debug)]

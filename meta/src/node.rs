@@ -37,6 +37,8 @@ pub enum PeerRequest {
     ReadInode(Ino),
     /// A dentry, read linearizably and regardless of locks.
     ReadDentry(Ino, Vec<u8>),
+    /// A file's inode and (small) body, read linearizably at its home.
+    ReadFile(Ino),
 }
 
 /// The answer to a `PeerRequest`.
@@ -50,6 +52,8 @@ pub enum PeerReply {
     Inode(Option<crate::apply::InodeRec>),
     /// A dentry, if it exists.
     Dentry(Option<crate::apply::Dentry>),
+    /// A file, if it exists.
+    File(Option<crate::data::OpenFile>),
 }
 
 /// A node and everything it hosts.
@@ -103,6 +107,9 @@ fn raft_config(c: &Config) -> Result<Arc<openraft::Config>, String> {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
         max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
         install_snapshot_timeout: 10_000,
+        // Entries may carry 4 MiB chunks: keep one AppendEntries well under the peer
+        // message limit.
+        max_payload_entries: 8,
         ..Default::default()
     };
     rc.validate().map(Arc::new).map_err(|e| e.to_string())
@@ -184,6 +191,10 @@ impl Node {
         ));
         node.tasks
             .spawn(dir_touch_loop(node.clone(), node.cancel.child_token()));
+        node.tasks.spawn(crate::data::gc_loop(
+            node.clone(),
+            node.cancel.child_token(),
+        ));
         Ok(node)
     }
 
@@ -358,6 +369,10 @@ impl Node {
                     part.store.read(|v| v.inode(ino)).map_err(storage_error)?,
                 ))
             }
+            PeerRequest::ReadFile(ino) => {
+                part.linearizable().await?;
+                Ok(PeerReply::File(crate::data::read_local(part, ino, true)?))
+            }
             PeerRequest::ReadDentry(parent, name) => {
                 part.linearizable().await?;
                 Ok(PeerReply::Dentry(
@@ -425,10 +440,20 @@ fn check_cluster_map(store: &SmStore, cluster: &ClusterConfig) -> Result<(), Sta
     Ok(())
 }
 
-/// A storage failure seen on a read path.
+/// A storage failure seen on a read path. Corrupt data is an I/O error for the caller
+/// (another replica would answer the same for replicated corruption, and retrying cannot
+/// help); anything else means this node cannot serve: retry elsewhere.
 pub fn storage_error(e: crate::apply::Fatal) -> TalonError {
     tracing::error!("storage: {e}");
-    TalonError::Unavailable(format!("storage: {e}"))
+    match &e {
+        crate::apply::Fatal::Rocks(r) if r.kind() == rocksdb::ErrorKind::Corruption => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        crate::apply::Fatal::Corrupt(_) => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        _ => TalonError::Unavailable(format!("storage: {e}")),
+    }
 }
 
 /// Decodes an error carried in a peer reply (an encoded ErrorDetail).

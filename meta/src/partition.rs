@@ -27,6 +27,9 @@ type Reply = oneshot::Sender<Result<CommandResult, TalonError>>;
 
 /// Proposals in flight at once per partition (each a merged batch).
 const PROPOSALS_IN_FLIGHT: usize = 2;
+/// A merged proposal stops growing at this many payload bytes (file data), so one Raft
+/// entry stays well within a peer message.
+const PROPOSAL_BYTES: usize = 8 << 20;
 
 /// A partition replica on this node.
 pub struct Partition {
@@ -183,10 +186,14 @@ async fn proposer(
             _ = cancel.cancelled() => break,
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
+        let mut bytes = first.0.approx_bytes();
         let mut batch = vec![first];
-        while batch.len() < max_batch {
+        while batch.len() < max_batch && bytes < PROPOSAL_BYTES {
             match rx.try_recv() {
-                Ok(m) => batch.push(m),
+                Ok(m) => {
+                    bytes += m.0.approx_bytes();
+                    batch.push(m);
+                }
                 Err(_) => break,
             }
         }

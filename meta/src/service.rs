@@ -8,7 +8,7 @@
 
 use crate::namespace::CreateSpec;
 use crate::node::{Node, PeerRequest};
-use crate::types::{AttrChange, NodeId, TypeConfig};
+use crate::types::{AttrChange, ChunkRef, Layout, NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
 use std::sync::Arc;
@@ -130,6 +130,8 @@ impl Api {
             relaxed_staleness_ms: c.relaxed_staleness_ms,
             root_ino: talon_model::ROOT_INO.0,
             max_batch: c.max_batch,
+            small_file_max: c.small_file_max,
+            chunk_size: c.chunk_size,
         }
     }
 }
@@ -371,10 +373,12 @@ impl Namespace for Api {
     async fn stat_fs(&self, r: Request<pb::StatFsRequest>) -> Res<pb::StatFsReply> {
         let h = header(r.into_inner().header);
         let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
+        let (bytes, disk_bytes) = self.node.usage(h.partition)?;
         Ok(Response::new(pb::StatFsReply {
             inodes,
-            bytes: 0,
+            bytes,
             entries,
+            disk_bytes,
         }))
     }
 
@@ -386,6 +390,107 @@ impl Namespace for Api {
         let attr = self
             .node
             .set_class(h.partition, h.epoch, Ino(r.ino), class)
+            .await?;
+        Ok(Response::new(pb::AttrReply {
+            attr: attr_reply(&attr),
+        }))
+    }
+
+    async fn read_whole(&self, r: Request<pb::ReadWholeRequest>) -> Res<pb::OpenReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let (file, epoch) = self
+            .node
+            .read_whole(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
+            .await?;
+        Ok(Response::new(open_reply(file, epoch)))
+    }
+
+    async fn open(&self, r: Request<pb::OpenRequest>) -> Res<pb::OpenReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let file = self
+            .node
+            .open_file(
+                h.partition,
+                h.relaxed_read,
+                h.epoch,
+                Ino(r.ino),
+                r.want_body,
+            )
+            .await?;
+        Ok(Response::new(open_reply(file, 0)))
+    }
+
+    async fn write_small(&self, r: Request<pb::WriteSmallRequest>) -> Res<pb::AttrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let attr = self
+            .node
+            .write_small(
+                h.partition,
+                h.epoch,
+                Ino(r.ino),
+                r.body,
+                r.expect_generation,
+            )
+            .await?;
+        Ok(Response::new(pb::AttrReply {
+            attr: attr_reply(&attr),
+        }))
+    }
+
+    async fn put_chunk(&self, r: Request<pb::PutChunkRequest>) -> Res<pb::Empty> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        self.node
+            .put_chunk(h.partition, Ino(r.ino), r.write_id, r.index, r.data)
+            .await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
+    async fn get_chunk(&self, r: Request<pb::GetChunkRequest>) -> Res<pb::GetChunkReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let data = self
+            .node
+            .get_chunk(
+                h.partition,
+                h.relaxed_read,
+                Ino(r.ino),
+                r.write_id,
+                r.index,
+                r.offset,
+                r.length,
+            )
+            .await?;
+        Ok(Response::new(pb::GetChunkReply { data }))
+    }
+
+    async fn commit_layout(&self, r: Request<pb::CommitLayoutRequest>) -> Res<pb::AttrReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        let layout = Layout {
+            chunk_size: r.chunk_size,
+            chunks: r
+                .chunks
+                .iter()
+                .map(|c| ChunkRef {
+                    write_id: c.write_id,
+                    len: c.len,
+                })
+                .collect(),
+        };
+        let attr = self
+            .node
+            .commit_layout(
+                h.partition,
+                h.epoch,
+                Ino(r.ino),
+                r.size,
+                layout,
+                r.expect_generation,
+            )
             .await?;
         Ok(Response::new(pb::AttrReply {
             attr: attr_reply(&attr),
@@ -468,6 +573,34 @@ impl Namespace for Api {
             })
             .collect();
         Ok(Response::new(pb::BatchReply { results }))
+    }
+}
+
+fn open_reply(f: crate::data::OpenFile, epoch: u64) -> pb::OpenReply {
+    pb::OpenReply {
+        attr: attr_reply(&f.attr),
+        layout: Some(match &f.layout {
+            Some(l) => layout_to_wire(l),
+            None => pb::Layout::default(),
+        }),
+        has_body: f.body.is_some(),
+        body: f.body.unwrap_or_default(),
+        epoch,
+    }
+}
+
+fn layout_to_wire(l: &Layout) -> pb::Layout {
+    pb::Layout {
+        chunked: true,
+        chunk_size: l.chunk_size,
+        chunks: l
+            .chunks
+            .iter()
+            .map(|c| pb::ChunkRef {
+                write_id: c.write_id,
+                len: c.len,
+            })
+            .collect(),
     }
 }
 

@@ -42,12 +42,19 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
     io_err(ErrorSubject::StateMachine, verb, e)
 }
 
-/// RocksDB options of a state machine instance.
+/// RocksDB options of a state machine instance. Values of 4 KiB and more (small-file
+/// bodies, chunks) go to BlobDB's blob files: large append-only segments with their own
+/// garbage collection, run by compaction (age cutoff 1.0: every blob file is eligible).
 fn db_options() -> Options {
     let mut o = Options::default();
     o.create_if_missing(true);
     o.set_max_background_jobs(2);
     o.set_keep_log_file_num(2);
+    o.set_enable_blob_files(true);
+    o.set_min_blob_size(4096);
+    o.set_blob_file_size(256 << 20);
+    o.set_enable_blob_gc(true);
+    o.set_blob_gc_age_cutoff(1.0);
     o
 }
 
@@ -59,6 +66,8 @@ pub struct SmStore {
     db: RwLock<Arc<DB>>,
     /// Serializes snapshot building with installing.
     swap: Mutex<()>,
+    /// Bodies and chunks deleted since the last compaction of this replica.
+    deletes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SmStore {
@@ -102,6 +111,7 @@ fn seed_root(db: &DB, now: Time, cluster_map: &[u8]) -> Result<(), Fatal> {
             attr,
             symlink: Vec::new(),
             creator: 0,
+            layout: None,
         }),
     );
     b.put(meta::INODES, 1u64.to_le_bytes());
@@ -142,6 +152,7 @@ impl SmStore {
             dir: dir.to_path_buf(),
             db: RwLock::new(Arc::new(db)),
             swap: Mutex::new(()),
+            deletes: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -329,12 +340,21 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         }
         let Some(last) = last else { return Ok(results) };
         let mut batch = WriteBatch::default();
+        let mut deleted_data = 0u64;
         for (k, v) in overlay {
             match v {
                 Some(v) => batch.put(k, v),
-                None => batch.delete(k),
+                None => {
+                    if matches!(k.first(), Some(&keys::tag::BODY) | Some(&keys::tag::CHUNK)) {
+                        deleted_data += 1;
+                    }
+                    batch.delete(k)
+                }
             }
         }
+        self.store
+            .deletes
+            .fetch_add(deleted_data, std::sync::atomic::Ordering::Relaxed);
         batch.put(meta::APPLIED, enc(&last));
         if let Some(m) = membership {
             batch.put(meta::MEMBERSHIP, enc(&m));
@@ -477,6 +497,51 @@ impl SmStore {
         }
         it.status()?;
         Ok((out, more))
+    }
+
+    /// Chunks held here with their write times: (ino, write id, index, ms), at most `limit`.
+    pub fn chunks(&self, limit: usize) -> Result<Vec<(Ino, u64, u32, u64)>, Fatal> {
+        let db = self.db();
+        let mut it = db.raw_iterator();
+        it.seek([keys::tag::CHUNK_TIME]);
+        let mut out = Vec::new();
+        while let Some(k) = it.key() {
+            if k.first() != Some(&keys::tag::CHUNK_TIME) || out.len() >= limit {
+                break;
+            }
+            let at: [u8; 8] = it
+                .value()
+                .unwrap_or_default()
+                .try_into()
+                .map_err(|_| Fatal::Corrupt("chunk time".into()))?;
+            if let Some((ino, w, i)) = keys::chunk_of(k) {
+                out.push((ino, w, i, u64::from_le_bytes(at)));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    /// Bodies and chunks deleted since this replica last compacted.
+    pub fn deletes_since_compaction(&self) -> u64 {
+        self.deletes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Compacts the whole instance, reclaiming deleted values (blob files included).
+    pub fn compact(&self) {
+        self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
+        let db = self.db();
+        let mut o = rocksdb::CompactOptions::default();
+        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+    }
+
+    /// Bytes the instance occupies on disk (SST and blob files).
+    pub fn disk_bytes(&self) -> u64 {
+        let db = self.db();
+        let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
+        prop("rocksdb.total-sst-files-size") + prop("rocksdb.total-blob-file-size")
     }
 
     /// Prepared transactions held here: (txid, record).

@@ -19,6 +19,9 @@ pub struct TestClusterBuilder {
     replication: u32,
     strict_prefixes: Vec<String>,
     relaxed_staleness_ms: u64,
+    small_file_max: u32,
+    chunk_size: u32,
+    chunk_gc_grace_ms: u64,
     raft: RaftConfig,
 }
 
@@ -46,6 +49,17 @@ impl TestClusterBuilder {
     /// Relaxed staleness bound.
     pub fn relaxed_staleness_ms(mut self, ms: u64) -> Self {
         self.relaxed_staleness_ms = ms;
+        self
+    }
+    /// Small-file threshold and chunk size.
+    pub fn file_sizes(mut self, small_file_max: u32, chunk_size: u32) -> Self {
+        self.small_file_max = small_file_max;
+        self.chunk_size = chunk_size;
+        self
+    }
+    /// Grace period before unreferenced chunks are reclaimed.
+    pub fn chunk_gc_grace_ms(mut self, ms: u64) -> Self {
+        self.chunk_gc_grace_ms = ms;
         self
     }
     /// Snapshot every `n` entries, keeping `keep` entries behind it.
@@ -86,6 +100,9 @@ impl TestClusterBuilder {
             c.cluster.replication = self.replication;
             c.cluster.strict_prefixes = self.strict_prefixes.clone();
             c.cluster.relaxed_staleness_ms = self.relaxed_staleness_ms;
+            c.cluster.small_file_max = self.small_file_max;
+            c.cluster.chunk_size = self.chunk_size;
+            c.cluster.chunk_gc_grace_ms = self.chunk_gc_grace_ms;
             c.raft = self.raft.clone();
             let running = RunningNode::start(c.clone(), listener).await?;
             configs.insert(id, c);
@@ -117,6 +134,9 @@ impl TestCluster {
             replication: 3,
             strict_prefixes: vec!["/checkpoints".into(), "/control".into()],
             relaxed_staleness_ms: 1000,
+            small_file_max: 1 << 20,
+            chunk_size: 4 << 20,
+            chunk_gc_grace_ms: 10 * 60 * 1000,
             raft: RaftConfig {
                 heartbeat_ms: 100,
                 election_timeout_min_ms: 500,

@@ -80,6 +80,24 @@ pub struct AttrChange {
     pub mtime: Option<Time>,
 }
 
+/// One chunk of a chunked file's layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// The write session that stored the chunk; 0 is a hole.
+    pub write_id: u64,
+    /// Valid bytes in the chunk; bytes past it read as zeros.
+    pub len: u32,
+}
+
+/// Where a chunked file's contents are (a small file has no layout: its body is one record).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Chunk size.
+    pub chunk_size: u32,
+    /// Chunk i of the file.
+    pub chunks: Vec<ChunkRef>,
+}
+
 /// One primitive step of a namespace change on one partition. Preconditions (`Expect*`)
 /// are checked for the whole list before any mutation applies.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,6 +218,45 @@ pub enum Op {
     Tombstone(Ino),
     /// Move the namespace epoch one on, and to at least this value (directory renames).
     BumpEpoch(u64),
+    /// Replace a small file's whole body (the file becomes or stays small).
+    WriteBody {
+        /// The file.
+        ino: Ino,
+        /// Its new contents.
+        data: Vec<u8>,
+        /// Refuse unless the inode is at this generation (0: any).
+        expect_generation: u64,
+        /// mtime/ctime to set.
+        now: Time,
+    },
+    /// Store a chunk (invisible until a layout names it).
+    PutChunk {
+        /// The file.
+        ino: Ino,
+        /// The writer's session.
+        write_id: u64,
+        /// Chunk index.
+        index: u32,
+        /// Contents.
+        data: Vec<u8>,
+        /// Leader wall clock (ms) at proposal, for garbage collection's grace period.
+        at_ms: u64,
+    },
+    /// Switch a file to a chunked layout and size.
+    CommitLayout {
+        /// The file.
+        ino: Ino,
+        /// New size.
+        size: u64,
+        /// New layout.
+        layout: Layout,
+        /// Refuse unless the inode is at this generation (0: any).
+        expect_generation: u64,
+        /// mtime/ctime to set.
+        now: Time,
+    },
+    /// Delete chunks no layout names (garbage collection).
+    DropChunks(Vec<(Ino, u64, u32)>),
     /// Best-effort directory attribute update: link count change and mtime/ctime. Never
     /// fails and ignores locks (DESIGN.md: directory attributes may be updated
     /// asynchronously); a missing directory is skipped.
@@ -247,6 +304,25 @@ pub enum Command {
     Noop,
     /// Several commands merged into one proposal; each answers on its own.
     Batch(Vec<Command>),
+}
+
+impl Command {
+    /// Approximate payload bytes (file data dominates), for bounding merged proposals.
+    pub fn approx_bytes(&self) -> usize {
+        let ops_bytes = |ops: &[Op]| -> usize {
+            ops.iter()
+                .map(|o| match o {
+                    Op::WriteBody { data, .. } | Op::PutChunk { data, .. } => data.len() + 64,
+                    _ => 64,
+                })
+                .sum()
+        };
+        match self {
+            Command::Atomic(ops) | Command::Prepare { ops, .. } => ops_bytes(ops),
+            Command::Batch(cmds) => cmds.iter().map(Command::approx_bytes).sum(),
+            _ => 64,
+        }
+    }
 }
 
 /// The answer of an applied command.

@@ -34,6 +34,15 @@ pub fn dir_partitions(parent: Ino, class: Class, partitions: u32) -> Vec<u32> {
     }
 }
 
+/// The partition that holds chunk `index` of inode `ino`: chunks of one large file are
+/// striped over every partition.
+pub fn chunk_partition(ino: Ino, index: u32, partitions: u32) -> u32 {
+    let mut buf = [0u8; 12];
+    buf[..8].copy_from_slice(&ino.0.to_le_bytes());
+    buf[8..].copy_from_slice(&index.to_le_bytes());
+    (xxh3_64(&buf) % partitions.max(1) as u64) as u32
+}
+
 /// A placement function bound to a partition count.
 #[derive(Clone, Copy, Debug)]
 pub struct Placement {
@@ -87,6 +96,13 @@ mod tests {
         for (i, n) in seen.iter().enumerate() {
             assert!(*n > 420 && *n < 940, "partition {i} holds {n} of 10000");
         }
+    }
+
+    #[test]
+    fn chunks_of_one_file_stripe_over_partitions() {
+        let used: std::collections::BTreeSet<u32> =
+            (0..64).map(|i| chunk_partition(Ino(1 << 48 | 9), i, 8)).collect();
+        assert_eq!(used.len(), 8);
     }
 
     #[test]

@@ -1,0 +1,465 @@
+//! File contents on the server: small bodies in the packed store, chunks of large files,
+//! layout commits, checksum verification, and reclaiming garbage.
+//!
+//! - A small file's body is one `BodyRec` (key `B` ‖ ino) on the inode's home partition.
+//!   The state machine's RocksDB keeps values of 4 KiB and more in its integrated BlobDB
+//!   blob files: large append-only segment files, so a JPEG is one index lookup plus one
+//!   positioned read, with no per-file object or OS inode. Bodies travel inside the Raft
+//!   entry that writes them, so every replica holds the same bytes.
+//! - A chunk (`K` ‖ ino ‖ write id ‖ index) lives on `chunk_partition(ino, index)`. It is
+//!   invisible until a `CommitLayout` on the home partition names it; chunks that no
+//!   layout names and that are older than `chunk_gc_grace_ms` are dropped by the leader's
+//!   garbage collector (writers that died, overwritten and deleted files). A writer must
+//!   commit within that grace period.
+//! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
+//!   answers EIO and logs the inode, never returns the bytes.
+//! - Deleted values are reclaimed by compaction, which a background task runs on a
+//!   partition once enough bodies or chunks were deleted; BlobDB's garbage collection
+//!   relocates live blobs during compaction. Neither blocks reads or writes.
+
+use crate::apply::{dec, BodyRec, ChunkRec, InodeRec};
+use crate::keys;
+use crate::node::{storage_error, Node, PeerReply, PeerRequest};
+use crate::partition::Partition;
+use crate::types::{Command, CommandResult, Layout, Op};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use talon_model::placement::chunk_partition;
+use talon_model::{Attr, Errno, FileKind, Ino, TalonError, Time};
+use tokio_util::sync::CancellationToken;
+
+/// Chunks examined per partition per garbage-collection round.
+const GC_SCAN_LIMIT: usize = 50_000;
+/// Deleted bodies or chunks on a partition that trigger a compaction.
+const COMPACT_AFTER_DELETES: u64 = 2_000;
+
+fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
+    TalonError::posix(errno, msg)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A file as `Open` answers it: attributes, layout (chunked files), body (small files).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct OpenFile {
+    /// Attributes.
+    pub attr: Attr,
+    /// Layout of a chunked file.
+    pub layout: Option<Layout>,
+    /// Body of a small file, when asked for.
+    pub body: Option<Vec<u8>>,
+}
+
+/// Reads a file's inode and (small, asked for) body from `part`'s state, verifying the
+/// body's checksum.
+pub fn read_local(
+    part: &Partition,
+    ino: Ino,
+    want_body: bool,
+) -> Result<Option<OpenFile>, TalonError> {
+    let got = part
+        .store
+        .read(|v| {
+            let Some(rec) = v.inode(ino)? else {
+                return Ok(None);
+            };
+            let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout.is_none() {
+                match v.get(&keys::body(ino))? {
+                    Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
+                    None => Some(None),
+                }
+            } else {
+                None
+            };
+            Ok(Some((rec, body)))
+        })
+        .map_err(storage_error)?;
+    let Some((rec, body)) = got else {
+        return Ok(None);
+    };
+    let InodeRec { attr, layout, .. } = rec;
+    let body = match body {
+        None => None,
+        Some(None) => Some(Vec::new()),
+        Some(Some(b)) if b.verify() => Some(b.data),
+        Some(Some(_)) => {
+            tracing::error!(ino = %ino, partition = part.id, "checksum mismatch in the body of inode {ino}");
+            return Err(posix(
+                Errno::EIO,
+                format!("checksum mismatch in the body of inode {ino}"),
+            ));
+        }
+    };
+    Ok(Some(OpenFile { attr, layout, body }))
+}
+
+impl Node {
+    fn chunk_size(&self) -> u32 {
+        self.config.cluster.chunk_size
+    }
+
+    /// A file's attributes, layout and (small) body, from its home partition.
+    pub async fn open_file(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+        want_body: bool,
+    ) -> Result<OpenFile, TalonError> {
+        if ino.home() != p {
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
+        }
+        let part = self.local(p)?;
+        self.read_guard(part, relaxed, epoch).await?;
+        read_local(part, ino, want_body)?
+            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
+    }
+
+    /// Lookup plus contents: the entry's file with its body when small. One hop when the
+    /// inode lives with its entry (the common case).
+    pub async fn read_whole(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<(OpenFile, u64), TalonError> {
+        let (attr, cur_epoch) = self.lookup(p, relaxed, epoch, parent, name).await?;
+        let ino = attr.ino;
+        let file = if ino.home() == p {
+            read_local(self.local(p)?, ino, true)?
+        } else {
+            match self.peer(ino.home(), PeerRequest::ReadFile(ino)).await? {
+                PeerReply::File(f) => f,
+                other => {
+                    return Err(TalonError::Unavailable(format!(
+                        "unexpected reply {other:?}"
+                    )))
+                }
+            }
+        };
+        Ok((
+            file.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?,
+            cur_epoch,
+        ))
+    }
+
+    /// Replaces a small file's contents.
+    pub async fn write_small(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        data: Vec<u8>,
+        expect_generation: u64,
+    ) -> Result<Attr, TalonError> {
+        if ino.home() != p {
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
+        }
+        if data.len() > self.config.cluster.small_file_max as usize {
+            return Err(TalonError::Invalid(format!(
+                "body of {} bytes exceeds small_file_max {}",
+                data.len(),
+                self.config.cluster.small_file_max
+            )));
+        }
+        let part = self.local(p)?;
+        let ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::WriteBody {
+                ino,
+                data,
+                expect_generation,
+                now: Time::now(),
+            },
+        ];
+        applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
+    }
+
+    /// Stores one chunk on its partition.
+    pub async fn put_chunk(
+        &self,
+        p: u32,
+        ino: Ino,
+        write_id: u64,
+        index: u32,
+        data: Vec<u8>,
+    ) -> Result<(), TalonError> {
+        let want = chunk_partition(ino, index, self.config.cluster.partitions);
+        if want != p {
+            return Err(TalonError::WrongPartition(format!(
+                "chunk {index} of {ino} lives on partition {want}"
+            )));
+        }
+        if write_id == 0 {
+            return Err(TalonError::Invalid(
+                "write_id 0 is reserved for holes".into(),
+            ));
+        }
+        if data.len() > self.chunk_size() as usize {
+            return Err(TalonError::Invalid(format!(
+                "chunk of {} bytes exceeds chunk_size {}",
+                data.len(),
+                self.chunk_size()
+            )));
+        }
+        let part = self.local(p)?;
+        let ops = vec![Op::PutChunk {
+            ino,
+            write_id,
+            index,
+            data,
+            at_ms: now_ms(),
+        }];
+        match part.propose(Command::Atomic(ops)).await? {
+            CommandResult::Applied(_) => Ok(()),
+            CommandResult::Failed(e) => Err(e.into()),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected result {other:?}"
+            ))),
+        }
+    }
+
+    /// Reads `length` bytes at `offset` of a chunk, verifying the chunk's checksum.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn get_chunk(
+        &self,
+        p: u32,
+        relaxed: bool,
+        ino: Ino,
+        write_id: u64,
+        index: u32,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, TalonError> {
+        let want = chunk_partition(ino, index, self.config.cluster.partitions);
+        if want != p {
+            return Err(TalonError::WrongPartition(format!(
+                "chunk {index} of {ino} lives on partition {want}"
+            )));
+        }
+        let part = self.local(p)?;
+        self.read_guard(part, relaxed, 0).await?;
+        let key = keys::chunk(ino, write_id, index);
+        let mut raw = part.store.read(|v| v.get(&key)).map_err(storage_error)?;
+        if raw.is_none() && relaxed {
+            // A lagging follower may not have it yet: ask as the leader.
+            part.linearizable().await?;
+            raw = part.store.read(|v| v.get(&key)).map_err(storage_error)?;
+        }
+        let raw = raw.ok_or_else(|| {
+            posix(
+                Errno::EIO,
+                format!("chunk {index} of inode {ino} (write {write_id:x}) is missing"),
+            )
+        })?;
+        let chunk: ChunkRec = dec(&raw, "chunk").map_err(|e| {
+            tracing::error!(ino = %ino, index, "undecodable chunk: {e}");
+            posix(
+                Errno::EIO,
+                format!("chunk {index} of inode {ino} is corrupt"),
+            )
+        })?;
+        if !chunk.verify() {
+            tracing::error!(ino = %ino, index, partition = p, "checksum mismatch in chunk {index} of inode {ino}");
+            return Err(posix(
+                Errno::EIO,
+                format!("checksum mismatch in chunk {index} of inode {ino}"),
+            ));
+        }
+        let start = (offset as usize).min(chunk.data.len());
+        let end = start.saturating_add(length as usize).min(chunk.data.len());
+        Ok(chunk.data[start..end].to_vec())
+    }
+
+    /// Makes a chunked layout the file's contents.
+    pub async fn commit_layout(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        size: u64,
+        layout: Layout,
+        expect_generation: u64,
+    ) -> Result<Attr, TalonError> {
+        if ino.home() != p {
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
+        }
+        let cs = self.chunk_size();
+        if layout.chunk_size != cs {
+            return Err(TalonError::Invalid(format!(
+                "chunk_size {} differs from the cluster's {cs}",
+                layout.chunk_size
+            )));
+        }
+        if layout.chunks.len() as u64 > size.div_ceil(cs as u64) {
+            return Err(TalonError::Invalid(format!(
+                "{} chunks for a file of {size} bytes",
+                layout.chunks.len()
+            )));
+        }
+        if layout
+            .chunks
+            .iter()
+            .any(|c| c.len > cs || (c.write_id == 0 && c.len != 0))
+        {
+            return Err(TalonError::Invalid(
+                "chunk length over chunk_size, or a hole with a length".into(),
+            ));
+        }
+        if size > 1 << 50 {
+            return Err(posix(Errno::EFBIG, "file larger than 1 PiB"));
+        }
+        let part = self.local(p)?;
+        let ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::CommitLayout {
+                ino,
+                size,
+                layout,
+                expect_generation,
+                now: Time::now(),
+            },
+        ];
+        applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
+    }
+
+    /// Logical file bytes homed on, and disk bytes used by, partition `p`.
+    pub fn usage(&self, p: u32) -> Result<(u64, u64), TalonError> {
+        let part = self.local(p)?;
+        let bytes = part
+            .store
+            .read(|v| v.counter(keys::meta::BYTES))
+            .map_err(storage_error)?;
+        Ok((bytes, part.store.disk_bytes()))
+    }
+
+    /// One garbage-collection round over the chunks of partitions this node leads.
+    // The entry API cannot hold the map across the await that fetches a missing state.
+    #[allow(clippy::map_entry)]
+    pub async fn collect_chunks(&self) {
+        let grace = self.config.cluster.chunk_gc_grace_ms;
+        let now = now_ms();
+        for (p, part) in &self.partitions {
+            if part.leader() != Some(self.config.node_id) {
+                continue;
+            }
+            let chunks = match part.store.chunks(GC_SCAN_LIMIT) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(partition = p, "scan chunks: {e}");
+                    continue;
+                }
+            };
+            let mut states: BTreeMap<Ino, Holder> = BTreeMap::new();
+            let mut garbage = Vec::new();
+            for (ino, write_id, index, at_ms) in chunks {
+                if now.saturating_sub(at_ms) < grace {
+                    continue;
+                }
+                if !states.contains_key(&ino) {
+                    let state = match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await {
+                        Ok(PeerReply::Inode(None)) => Holder::Gone,
+                        Ok(PeerReply::Inode(Some(rec))) => match rec.layout {
+                            Some(l) => Holder::Chunked(l),
+                            None => Holder::Gone,
+                        },
+                        // Unknown: keep the chunk this round.
+                        _ => Holder::Unknown,
+                    };
+                    states.insert(ino, state);
+                }
+                let live = match states.get(&ino) {
+                    Some(Holder::Chunked(l)) => l
+                        .chunks
+                        .get(index as usize)
+                        .is_some_and(|c| c.write_id == write_id),
+                    Some(Holder::Gone) => false,
+                    _ => true,
+                };
+                if !live {
+                    garbage.push((ino, write_id, index));
+                }
+            }
+            for batch in garbage.chunks(1000) {
+                let n = batch.len();
+                match part
+                    .propose(Command::Atomic(vec![Op::DropChunks(batch.to_vec())]))
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(partition = p, chunks = n, "reclaimed unreferenced chunks")
+                    }
+                    Err(e) => tracing::warn!(partition = p, "chunk collection deferred: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Compacts partitions (on this replica) that deleted many bodies or chunks.
+    pub async fn compact_if_needed(&self) {
+        for part in self.partitions.values() {
+            if part.store.deletes_since_compaction() < COMPACT_AFTER_DELETES {
+                continue;
+            }
+            let store = part.store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.compact()).await;
+        }
+    }
+}
+
+/// What a chunk's inode says about it, for garbage collection.
+enum Holder {
+    /// The home partition could not be asked this round.
+    Unknown,
+    /// The inode is gone, or no longer chunked: none of its chunks are live.
+    Gone,
+    /// Chunks named by this layout are live.
+    Chunked(Layout),
+}
+
+fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {
+    match res {
+        CommandResult::Applied(o) => o
+            .attr(ino)
+            .cloned()
+            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}"))),
+        CommandResult::Failed(e) => Err(e.into()),
+        other => Err(TalonError::Unavailable(format!(
+            "unexpected result {other:?}"
+        ))),
+    }
+}
+
+/// Background garbage collection and compaction; stops on `cancel`.
+pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
+    let period =
+        Duration::from_millis((node.config.cluster.chunk_gc_grace_ms / 4).clamp(250, 30_000));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {
+                node.collect_chunks().await;
+                node.compact_if_needed().await;
+            }
+        }
+    }
+}

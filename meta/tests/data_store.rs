@@ -1,0 +1,460 @@
+//! The server's file data path, through the raw protocol on a one-node cluster: small
+//! bodies of every size class, chunked layouts with holes, truncates, checksums that turn
+//! a flipped byte into EIO, and garbage collection of chunks no layout names.
+
+mod common;
+
+use common::{eventually, TestCluster};
+use std::time::Duration;
+use talon_model::placement::chunk_partition;
+use talon_model::{Errno, Ino, TalonError, ROOT_INO};
+use talon_proto::v1 as pb;
+use talon_proto::v1::namespace_client::NamespaceClient;
+use tonic::transport::Channel;
+
+const P: u32 = 4;
+const SMALL: u32 = 64 * 1024;
+const CHUNK: u32 = 16 * 1024;
+
+fn hdr(partition: u32) -> Option<pb::RequestHeader> {
+    Some(pb::RequestHeader {
+        partition,
+        epoch: 0,
+        relaxed_read: false,
+    })
+}
+
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Fx {
+    cluster: TestCluster,
+    c: NamespaceClient<Channel>,
+    client: talon_client::Client,
+}
+
+async fn fixture(grace_ms: u64) -> Fx {
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(P)
+        .replication(1)
+        .file_sizes(SMALL, CHUNK)
+        .chunk_gc_grace_ms(grace_ms)
+        .start()
+        .await
+        .expect("cluster");
+    let addr = cluster.addrs()[0].clone();
+    let c = NamespaceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let client = common::client(&cluster.addrs()).await;
+    Fx { cluster, c, client }
+}
+
+impl Fx {
+    async fn file(&self, name: &str) -> Ino {
+        self.client
+            .create(
+                ROOT_INO,
+                name.as_bytes(),
+                talon_client::CreateSpec::file(0o644),
+            )
+            .await
+            .expect("create")
+            .ino
+    }
+
+    async fn write_small(&mut self, ino: Ino, body: Vec<u8>) -> Result<pb::Attr, TalonError> {
+        let r = self
+            .c
+            .write_small(pb::WriteSmallRequest {
+                header: hdr(ino.home()),
+                ino: ino.0,
+                body,
+                expect_generation: 0,
+            })
+            .await?;
+        Ok(r.into_inner().attr.expect("attr"))
+    }
+
+    async fn open(&mut self, ino: Ino) -> Result<pb::OpenReply, TalonError> {
+        Ok(self
+            .c
+            .open(pb::OpenRequest {
+                header: hdr(ino.home()),
+                ino: ino.0,
+                want_body: true,
+            })
+            .await?
+            .into_inner())
+    }
+
+    async fn put_chunk(
+        &mut self,
+        ino: Ino,
+        write_id: u64,
+        index: u32,
+        data: Vec<u8>,
+    ) -> Result<(), TalonError> {
+        let p = chunk_partition(ino, index, P);
+        self.c
+            .put_chunk(pb::PutChunkRequest {
+                header: hdr(p),
+                ino: ino.0,
+                write_id,
+                index,
+                data,
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn get_chunk(
+        &mut self,
+        ino: Ino,
+        write_id: u64,
+        index: u32,
+    ) -> Result<Vec<u8>, TalonError> {
+        let p = chunk_partition(ino, index, P);
+        let r = self
+            .c
+            .get_chunk(pb::GetChunkRequest {
+                header: hdr(p),
+                ino: ino.0,
+                write_id,
+                index,
+                offset: 0,
+                length: CHUNK,
+            })
+            .await?;
+        Ok(r.into_inner().data)
+    }
+
+    async fn commit(
+        &mut self,
+        ino: Ino,
+        size: u64,
+        chunks: Vec<pb::ChunkRef>,
+    ) -> Result<pb::Attr, TalonError> {
+        let req = pb::CommitLayoutRequest {
+            header: hdr(ino.home()),
+            ino: ino.0,
+            size,
+            chunk_size: CHUNK,
+            chunks,
+            expect_generation: 0,
+        };
+        Ok(self
+            .c
+            .commit_layout(req)
+            .await?
+            .into_inner()
+            .attr
+            .expect("attr"))
+    }
+
+    /// Reads a whole file the way a client does: body, or chunks with holes and lens.
+    async fn read(&mut self, ino: Ino) -> Vec<u8> {
+        let o = self.open(ino).await.expect("open");
+        let size = o.attr.as_ref().expect("attr").size as usize;
+        let layout = o.layout.unwrap_or_default();
+        let mut out = vec![0u8; size];
+        if !layout.chunked {
+            out[..o.body.len()].copy_from_slice(&o.body);
+            return out;
+        }
+        for (i, c) in layout.chunks.iter().enumerate() {
+            if c.write_id == 0 {
+                continue;
+            }
+            let data = self
+                .get_chunk(ino, c.write_id, i as u32)
+                .await
+                .expect("chunk");
+            let start = i * CHUNK as usize;
+            let n = (c.len as usize).min(data.len()).min(size - start);
+            out[start..start + n].copy_from_slice(&data[..n]);
+        }
+        out
+    }
+
+    async fn truncate(&mut self, ino: Ino, size: u64) {
+        let req = pb::SetAttrRequest {
+            header: hdr(ino.home()),
+            ino: ino.0,
+            size: Some(size),
+            ..Default::default()
+        };
+        self.c.set_attr(req).await.expect("truncate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_bodies_round_trip_at_every_size() {
+    let mut fx = fixture(600_000).await;
+    for (i, n) in [0usize, 1, SMALL as usize - 1, SMALL as usize]
+        .into_iter()
+        .enumerate()
+    {
+        let ino = fx.file(&format!("s{i}")).await;
+        let body = bytes(n, i as u64);
+        let attr = fx.write_small(ino, body.clone()).await.expect("write");
+        assert_eq!(attr.size, n as u64);
+        assert_eq!(fx.read(ino).await, body, "size {n}");
+        // One RPC by name: ReadWhole returns the body with the attributes.
+        let r =
+            fx.c.read_whole(pb::ReadWholeRequest {
+                header: hdr(talon_model::placement::entry_partition(
+                    ROOT_INO,
+                    format!("s{i}").as_bytes(),
+                    talon_model::Class::Relaxed,
+                    P,
+                )),
+                parent: ROOT_INO.0,
+                name: format!("s{i}").into_bytes(),
+            })
+            .await
+            .expect("read whole")
+            .into_inner();
+        assert!(r.has_body);
+        assert_eq!(r.body, body);
+    }
+    let ino = fx.file("too-big").await;
+    let e = fx
+        .write_small(ino, vec![0; SMALL as usize + 1])
+        .await
+        .expect_err("over threshold");
+    assert!(matches!(e, TalonError::Invalid(_)), "{e}");
+    // A directory has no body.
+    let e = fx
+        .write_small(ROOT_INO, vec![1])
+        .await
+        .expect_err("directory");
+    assert_eq!(e.errno(), Errno::EISDIR);
+    fx.cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_layouts_holes_and_truncates() {
+    let mut fx = fixture(600_000).await;
+    let ino = fx.file("big").await;
+    let w = 7u64;
+    let c0 = bytes(CHUNK as usize, 1);
+    let c2 = bytes(CHUNK as usize / 2, 2);
+    fx.put_chunk(ino, w, 0, c0.clone()).await.expect("chunk 0");
+    fx.put_chunk(ino, w, 2, c2.clone()).await.expect("chunk 2");
+    // Until committed, the file is still empty.
+    assert_eq!(fx.read(ino).await, Vec::<u8>::new());
+    let size = 3 * CHUNK as u64 + 100;
+    let chunks = vec![
+        pb::ChunkRef {
+            write_id: w,
+            len: CHUNK,
+        },
+        pb::ChunkRef {
+            write_id: 0,
+            len: 0,
+        },
+        pb::ChunkRef {
+            write_id: w,
+            len: CHUNK / 2,
+        },
+    ];
+    let attr = fx.commit(ino, size, chunks).await.expect("commit");
+    assert_eq!(attr.size, size);
+    let mut want = vec![0u8; size as usize];
+    want[..CHUNK as usize].copy_from_slice(&c0);
+    want[2 * CHUNK as usize..2 * CHUNK as usize + c2.len()].copy_from_slice(&c2);
+    assert_eq!(
+        fx.read(ino).await,
+        want,
+        "hole and short chunk read as zeros"
+    );
+    // Shrink into chunk 0, then grow again: the cut-off bytes must come back as zeros.
+    fx.truncate(ino, 1000).await;
+    fx.truncate(ino, 2 * CHUNK as u64).await;
+    let mut want = vec![0u8; 2 * CHUNK as usize];
+    want[..1000].copy_from_slice(&c0[..1000]);
+    assert_eq!(fx.read(ino).await, want);
+    // Same for a small file.
+    let s = fx.file("small").await;
+    let body = bytes(5000, 3);
+    fx.write_small(s, body.clone()).await.expect("write");
+    fx.truncate(s, 10).await;
+    fx.truncate(s, 20).await;
+    let mut want = body[..10].to_vec();
+    want.resize(20, 0);
+    assert_eq!(fx.read(s).await, want);
+    // Bad layouts are refused.
+    let e = fx
+        .commit(
+            ino,
+            10,
+            vec![
+                pb::ChunkRef {
+                    write_id: w,
+                    len: 1,
+                },
+                pb::ChunkRef {
+                    write_id: w,
+                    len: 1,
+                },
+            ],
+        )
+        .await
+        .expect_err("too many chunks");
+    assert!(matches!(e, TalonError::Invalid(_)), "{e}");
+    let e = fx
+        .put_chunk(ino, w, 1, vec![0; CHUNK as usize + 1])
+        .await
+        .expect_err("oversized chunk");
+    assert!(matches!(e, TalonError::Invalid(_)), "{e}");
+    fx.cluster.shutdown().await;
+}
+
+/// Flips one byte of `needle`'s copy in the files under `dir`; true if one was found.
+fn flip_on_disk(dir: &std::path::Path, needle: &[u8]) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for e in rd.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            if flip_on_disk(&path, needle) {
+                return true;
+            }
+            continue;
+        }
+        let Ok(mut data) = std::fs::read(&path) else {
+            continue;
+        };
+        if let Some(at) = data.windows(needle.len()).position(|w| w == needle) {
+            data[at + needle.len() / 2] ^= 0x40;
+            std::fs::write(&path, &data).expect("write back");
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_is_an_io_error_never_bad_data() {
+    let mut fx = fixture(600_000).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    // A small body.
+    let ino = fx.file("jpeg").await;
+    let body = bytes(20_000, 9);
+    fx.write_small(ino, body.clone()).await.expect("write");
+    // A chunk.
+    let big = fx.file("ckpt").await;
+    let chunk = bytes(CHUNK as usize, 10);
+    fx.put_chunk(big, 5, 0, chunk.clone()).await.expect("chunk");
+    fx.commit(
+        big,
+        CHUNK as u64,
+        vec![pb::ChunkRef {
+            write_id: 5,
+            len: CHUNK,
+        }],
+    )
+    .await
+    .expect("commit");
+    for part in node.partitions.values() {
+        part.store.db().flush().expect("flush memtables");
+    }
+    let sm = node.config.data_dir.join("sm");
+    assert!(
+        flip_on_disk(&sm.join(ino.home().to_string()), &body[1000..1064]),
+        "body not found on disk"
+    );
+    assert!(
+        flip_on_disk(
+            &sm.join(chunk_partition(big, 0, P).to_string()),
+            &chunk[4000..4064]
+        ),
+        "chunk not found on disk"
+    );
+    let e = fx.open(ino).await.expect_err("corrupt body must not read");
+    assert_eq!(e.errno(), Errno::EIO, "{e}");
+    let e = fx
+        .get_chunk(big, 5, 0)
+        .await
+        .expect_err("corrupt chunk must not read");
+    assert_eq!(e.errno(), Errno::EIO, "{e}");
+    fx.cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_no_layout_names_are_reclaimed() {
+    let mut fx = fixture(500).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let count = |node: &talon_meta::node::Node| {
+        node.partitions
+            .values()
+            .map(|p| p.store.chunks(1_000_000).expect("scan").len())
+            .sum::<usize>()
+    };
+    let ino = fx.file("f").await;
+    // Generation 1: 4 chunks, committed. Generation 2: rewrite all, committed.
+    for w in [1u64, 2] {
+        for i in 0..4 {
+            fx.put_chunk(ino, w, i, bytes(CHUNK as usize, w * 10 + i as u64))
+                .await
+                .expect("put");
+        }
+        let refs = (0..4)
+            .map(|_| pb::ChunkRef {
+                write_id: w,
+                len: CHUNK,
+            })
+            .collect();
+        fx.commit(ino, 4 * CHUNK as u64, refs)
+            .await
+            .expect("commit");
+    }
+    // A writer that died before committing.
+    fx.put_chunk(ino, 3, 0, bytes(CHUNK as usize, 99))
+        .await
+        .expect("put orphan");
+    // A deleted file's chunks.
+    let gone = fx.file("gone").await;
+    fx.put_chunk(gone, 4, 0, bytes(CHUNK as usize, 98))
+        .await
+        .expect("put");
+    fx.commit(
+        gone,
+        CHUNK as u64,
+        vec![pb::ChunkRef {
+            write_id: 4,
+            len: CHUNK,
+        }],
+    )
+    .await
+    .expect("commit");
+    fx.client.unlink("/gone").await.expect("unlink");
+    assert_eq!(count(&node), 10);
+    eventually(
+        Duration::from_secs(30),
+        "garbage chunks to be reclaimed",
+        || {
+            let n = count(&node);
+            async move { (n == 4).then_some(()) }
+        },
+    )
+    .await;
+    // The live generation still reads back.
+    let want: Vec<u8> = (0..4).flat_map(|i| bytes(CHUNK as usize, 20 + i)).collect();
+    assert_eq!(fx.read(ino).await, want);
+    fx.cluster.shutdown().await;
+}

@@ -1,0 +1,162 @@
+//! Deleting half of 100,000 small files gives the space back on disk (compaction with
+//! BlobDB garbage collection), while reads of the other half keep being served.
+
+mod common;
+
+use common::{eventually, TestCluster};
+use futures::StreamExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use talon_client::CreateSpec;
+use talon_model::{Ino, ROOT_INO};
+use talon_proto::v1 as pb;
+use talon_proto::v1::namespace_client::NamespaceClient;
+
+const FILES: usize = 100_000;
+const SIZE: usize = 4096;
+
+fn body(i: usize) -> Vec<u8> {
+    let mut b = vec![(i % 251) as u8; SIZE];
+    b[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_half_the_files_gives_the_space_back() {
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(4)
+        .replication(1)
+        .start()
+        .await
+        .expect("cluster");
+    let c = common::client(&cluster.addrs()).await;
+    let node = cluster.node(1).expect("node").node.clone();
+    let raw = NamespaceClient::connect(format!("http://{}", cluster.addrs()[0]))
+        .await
+        .expect("connect");
+    let dir = c
+        .create(ROOT_INO, b"data", CreateSpec::dir(0o755, None))
+        .await
+        .expect("mkdir")
+        .ino;
+
+    let names: Vec<Vec<u8>> = (0..FILES)
+        .map(|i| format!("f{i:06}").into_bytes())
+        .collect();
+    let mut inos: Vec<Ino> = Vec::with_capacity(FILES);
+    for chunk in names.chunks(10_000) {
+        let specs = chunk
+            .iter()
+            .map(|n| (n.clone(), CreateSpec::file(0o644)))
+            .collect();
+        for r in c.create_batch(dir, specs).await {
+            inos.push(r.expect("create").ino);
+        }
+    }
+    futures::stream::iter(inos.iter().enumerate())
+        .for_each_concurrent(64, |(i, ino)| {
+            let mut raw = raw.clone();
+            async move {
+                let req = pb::WriteSmallRequest {
+                    header: Some(pb::RequestHeader {
+                        partition: ino.home(),
+                        epoch: 0,
+                        relaxed_read: false,
+                    }),
+                    ino: ino.0,
+                    body: body(i),
+                    expect_generation: 0,
+                };
+                raw.write_small(req).await.expect("write body");
+            }
+        })
+        .await;
+    let disk = |node: &talon_meta::node::Node| {
+        node.partitions
+            .values()
+            .map(|p| p.store.disk_bytes())
+            .sum::<u64>()
+    };
+    for p in node.partitions.values() {
+        p.store.db().flush().expect("flush");
+    }
+    let before = disk(&node);
+    println!(
+        "{FILES} files of {SIZE} bytes: {:.1} MiB on disk",
+        before as f64 / 1048576.0
+    );
+    assert!(
+        before >= (FILES * SIZE) as u64 * 9 / 10,
+        "bodies not on disk: {before}"
+    );
+
+    // Readers of the surviving half run throughout the deletion and the compaction.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let (raw, stop, reads, inos) = (raw.clone(), stop.clone(), reads.clone(), inos.clone());
+            tokio::spawn(async move {
+                let mut raw = raw;
+                let mut k = r * 7919;
+                while !stop.load(Ordering::SeqCst) {
+                    let i = (k * 2 + 1) % FILES; // odd files survive
+                    k += 4;
+                    let ino = inos[i];
+                    let req = pb::OpenRequest {
+                        header: Some(pb::RequestHeader {
+                            partition: ino.home(),
+                            epoch: 0,
+                            relaxed_read: false,
+                        }),
+                        ino: ino.0,
+                        want_body: true,
+                    };
+                    let got = raw
+                        .open(req)
+                        .await
+                        .expect("read during deletion")
+                        .into_inner();
+                    assert_eq!(got.body, body(i), "file {i} read back wrong");
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    futures::stream::iter((0..FILES).step_by(2))
+        .for_each_concurrent(64, |i| {
+            let c = c.clone();
+            let name = names[i].clone();
+            async move {
+                c.remove(dir, &name, false).await.expect("unlink");
+            }
+        })
+        .await;
+    // The collector compacts partitions with many deletions; wait for the space.
+    let after = eventually(Duration::from_secs(120), "space to come back", || {
+        let node = node.clone();
+        async move {
+            let now = node
+                .partitions
+                .values()
+                .map(|p| p.store.disk_bytes())
+                .sum::<u64>();
+            (now <= before * 3 / 4).then_some(now)
+        }
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for r in readers {
+        r.await.expect("reader");
+    }
+    println!(
+        "after deleting half: {:.1} MiB on disk ({:.0}% of before); {} reads served meanwhile",
+        after as f64 / 1048576.0,
+        after as f64 * 100.0 / before as f64,
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    cluster.shutdown().await;
+}
