@@ -166,6 +166,7 @@ impl Namespace for Api {
                     last_log_index: m.last_log_index.unwrap_or(0),
                     applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
                     snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+                    purged_index: m.purged.map(|l| l.index).unwrap_or(0),
                     entries,
                     inodes,
                 }
