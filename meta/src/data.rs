@@ -113,13 +113,7 @@ impl Node {
         ino: Ino,
         want_body: bool,
     ) -> Result<OpenFile, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
-        let part = self.local(p)?;
+        let part = self.home_part(p, ino)?;
         self.read_guard(part, relaxed, epoch).await?;
         read_local(part, ino, want_body)?
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
@@ -164,12 +158,7 @@ impl Node {
         data: Vec<u8>,
         expect_generation: u64,
     ) -> Result<Attr, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
+        let part = self.home_part(p, ino)?;
         if data.len() > self.config.cluster.small_file_max as usize {
             return Err(TalonError::Invalid(format!(
                 "body of {} bytes exceeds small_file_max {}",
@@ -177,7 +166,6 @@ impl Node {
                 self.config.cluster.small_file_max
             )));
         }
-        let part = self.local(p)?;
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::WriteBody {
@@ -296,12 +284,7 @@ impl Node {
         layout: Layout,
         expect_generation: u64,
     ) -> Result<Attr, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
+        let part = self.home_part(p, ino)?;
         let cs = self.chunk_size();
         if layout.chunk_size != cs {
             return Err(TalonError::Invalid(format!(
@@ -327,7 +310,6 @@ impl Node {
         if size > 1 << 50 {
             return Err(posix(Errno::EFBIG, "file larger than 1 PiB"));
         }
-        let part = self.local(p)?;
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::CommitLayout {

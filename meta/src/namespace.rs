@@ -282,13 +282,7 @@ impl Node {
         epoch: u64,
         ino: Ino,
     ) -> Result<Attr, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
-        let part = self.local(p)?;
+        let part = self.home_part(p, ino)?;
         self.read_guard(part, relaxed, epoch).await?;
         self.attr_of(part, ino).await
     }
@@ -301,13 +295,7 @@ impl Node {
         ino: Ino,
         change: AttrChange,
     ) -> Result<Attr, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
-        self.local(p)?;
+        self.home_part(p, ino)?;
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::SetAttr {
@@ -1057,7 +1045,8 @@ impl Node {
         Ok(())
     }
 
-    fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
+    /// The hosted replica of `ino`'s home partition `p`, or WrongPartition if `p` is not it.
+    pub(crate) fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
         if ino.home() != p {
             return Err(TalonError::WrongPartition(format!(
                 "inode {ino} lives on partition {}",
