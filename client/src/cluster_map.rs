@@ -11,6 +11,12 @@ use talon_proto::v1 as pb;
 /// Largest batch / page size the client asks for when a map says 0.
 const DEFAULT_MAX_BATCH: u32 = 1024;
 
+/// Small-file threshold assumed when a map says 0 (DESIGN.md: 1 MiB).
+pub const DEFAULT_SMALL_FILE_MAX: u32 = 1 << 20;
+
+/// Chunk size assumed when a map says 0 (DESIGN.md: 4 MiB).
+pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 20;
+
 /// One node of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
@@ -52,6 +58,10 @@ pub struct ClusterMap {
     pub root_ino: Ino,
     /// Largest number of ops in one Batch and of entries in one ReadDir page.
     pub max_batch: u32,
+    /// Files up to this many bytes are stored whole (one `WriteSmall`); larger ones in chunks.
+    pub small_file_max: u32,
+    /// Chunk size of newly chunked files.
+    pub chunk_size: u32,
 }
 
 impl ClusterMap {
@@ -148,6 +158,16 @@ impl TryFrom<pb::ClusterMap> for ClusterMap {
             } else {
                 m.max_batch
             },
+            small_file_max: if m.small_file_max == 0 {
+                DEFAULT_SMALL_FILE_MAX
+            } else {
+                m.small_file_max
+            },
+            chunk_size: if m.chunk_size == 0 {
+                DEFAULT_CHUNK_SIZE
+            } else {
+                m.chunk_size
+            },
         })
     }
 }
@@ -182,6 +202,8 @@ mod tests {
             relaxed_staleness_ms: 500,
             root_ino: 1,
             max_batch: 0,
+            small_file_max: 0,
+            chunk_size: 1 << 16,
         }
     }
 
@@ -192,6 +214,8 @@ mod tests {
         assert_eq!(m.node_by_addr("127.0.0.1:2").map(|n| n.id), Some(2));
         assert_eq!(m.node_by_addr("http://127.0.0.1:1").map(|n| n.id), Some(1));
         assert_eq!(m.max_batch, DEFAULT_MAX_BATCH);
+        assert_eq!(m.small_file_max, DEFAULT_SMALL_FILE_MAX);
+        assert_eq!(m.chunk_size, 1 << 16);
         assert_eq!(m.partition_info[3].leader_hint, Some(2));
     }
 

@@ -7,7 +7,10 @@
 //! - inode-level calls that map one to one onto the namespace RPCs (for the FUSE mount),
 //!   such as [`Client::lookup`], [`Client::create`] and [`Client::readdir_page`];
 //! - path-level helpers that resolve `/a/b/c` through the cache, such as [`Client::stat`],
-//!   [`Client::mkdir`], [`Client::rename`] and [`Client::read_dir`].
+//!   [`Client::mkdir`], [`Client::rename`] and [`Client::read_dir`];
+//! - file contents ([`data`], [`file`]): [`Client::read_file`], [`Client::write_file`] and
+//!   an open [`File`] with `AsyncRead`, `AsyncWrite` and `AsyncSeek`; bulk loading of a
+//!   local tree ([`import`]).
 //!
 //! All operations return [`TalonError`]; a POSIX failure is `TalonError::Posix` with the
 //! errno a local file system would give. Only [`Client::connect`] has its own error type,
@@ -17,8 +20,11 @@ pub mod batch;
 pub mod cli;
 pub mod client;
 pub mod cluster_map;
+pub mod data;
 pub mod dir;
 pub mod error;
+pub mod file;
+pub mod import;
 pub mod options;
 pub mod path;
 pub mod path_cache;
@@ -28,8 +34,11 @@ pub mod types;
 
 pub use client::Client;
 pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};
+pub use data::{ChunkRef, Layout};
 pub use dir::{DirCursor, ReadDir};
 pub use error::ClientError;
+pub use file::{File, OpenOptions};
+pub use import::{ImportOptions, ImportProgress, ImportSummary};
 pub use options::ClientOptions;
 pub use router::ReadKind;
 pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};

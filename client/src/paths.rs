@@ -41,7 +41,7 @@ pub(crate) struct Dir {
     pub(crate) class: Class,
 }
 
-fn split_last(
+pub(crate) fn split_last(
     comps: &[Vec<u8>],
     root: Errno,
     op: &str,
@@ -65,7 +65,7 @@ fn not_dir(comps: &[Vec<u8>]) -> TalonError {
 impl Client {
     /// Runs path operation `f` with the current epoch; after `StaleEpoch` (cache dropped)
     /// or `WrongPartition` (a directory's class changed: classes dropped) runs it once more.
-    async fn path_op<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
+    pub(crate) async fn path_op<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
     where
         F: Fn(u64) -> Fut,
         Fut: Future<Output = Result<T, TalonError>>,

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 use talon_client::{Client, ClientOptions, Errno, TalonError};
-use talon_meta::testing::TestCluster;
+use talon_meta::testing::{TestCluster, TestClusterBuilder};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The staleness bound the fixture's clusters use.
@@ -37,20 +37,26 @@ pub struct Fixture {
 impl Fixture {
     /// A cluster of `nodes` nodes, 8 partitions, replication min(3, nodes).
     pub async fn start(nodes: u64) -> Fixture {
+        Fixture::start_with(nodes, |b| b).await
+    }
+
+    /// As [`Fixture::start`], with the builder adjusted by `tune` (e.g. file sizes).
+    pub async fn start_with(
+        nodes: u64,
+        tune: impl FnOnce(TestClusterBuilder) -> TestClusterBuilder,
+    ) -> Fixture {
         let permit = gate()
             .clone()
             .acquire_owned()
             .await
             .expect("gate is never closed");
-        let cluster = TestCluster::builder()
+        let builder = TestCluster::builder()
             .nodes(nodes)
             .partitions(8)
             .replication(nodes.min(3) as u32)
             .strict_prefixes(vec![STRICT_PREFIX.into()])
-            .relaxed_staleness_ms(STALENESS_MS)
-            .start()
-            .await
-            .expect("start the test cluster");
+            .relaxed_staleness_ms(STALENESS_MS);
+        let cluster = tune(builder).start().await.expect("start the test cluster");
         let client = connect(&cluster).await;
         Fixture {
             cluster,

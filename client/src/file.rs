@@ -1,0 +1,981 @@
+//! [`File`]: an open regular file with positioned and streaming reads and writes
+//! (`AsyncRead`, `AsyncWrite`, `AsyncSeek`), buffered changes and commit at
+//! [`File::flush`] / [`File::close`].
+//!
+//! **What a File holds.** The contents it was opened with (the base), plus its own
+//! uncommitted changes:
+//!
+//! - while the file is small (at most the cluster's `small_file_max`) its whole contents
+//!   live in memory, and a commit is one `WriteSmall`;
+//! - once it is chunked, only *dirty* chunks are in memory. A write to a chunk the File does
+//!   not hold first reads that chunk (read-modify-write). A dirty chunk that the writer has
+//!   filled and moved past is stored with `PutChunk` in the background under a fresh random
+//!   `write_id`, at most [`MAX_UPLOADS`] at once, and at most [`MAX_DIRTY`] dirty chunks are
+//!   kept, so a sequential write of any size needs bounded memory. A commit stores the
+//!   remaining dirty chunks and sends one `CommitLayout` naming every chunk.
+//!
+//! A small file that grows past `small_file_max` becomes chunked (its body becomes the first
+//! chunk(s)); a chunked file stays chunked, except that truncating it to zero bytes lets it
+//! be committed small again. Shrinking a chunked file drops the chunks past the end and
+//! shortens the last one's `len`, so bytes past the new size read as zeros if the file
+//! grows again; nothing is rewritten.
+//!
+//! **Visibility.** The File reads its own uncommitted writes. Other readers see the
+//! contents switch atomically when the commit is applied: never a mix of old and new bytes.
+//! After `flush` / `sync_all` / `close` returns, every later open sees the new contents
+//! (close-to-open). Dropping a File without closing it discards its uncommitted changes (it
+//! logs a warning); chunks it had stored are garbage-collected by the servers.
+//!
+//! **Concurrent writers.** Commits carry `expect_generation = 0`: the last commit wins, as
+//! POSIX tools expect of a local file system. A File that commits after another writer
+//! replaces that writer's contents with its own view (its base plus its changes), so two
+//! writers of disjoint ranges of one chunked file do not merge; use one writer per file.
+//!
+//! **Streaming.** `AsyncRead` reads ahead up to the end of the current chunk (at most one
+//! chunk per RPC); `AsyncWrite` accepts data into the File and reports a failure of a
+//! background chunk store at the next write or flush, like a local file system's deferred
+//! write errors; `AsyncSeek` works on the File's current size, uncommitted changes included.
+
+use crate::client::Client;
+use crate::data::{data_error, pieces, ChunkRef, Layout, Opened};
+use crate::path;
+use crate::router::ReadKind;
+use crate::types::CreateSpec;
+use futures::future::BoxFuture;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use talon_model::{Attr, Errno, FileKind, Ino, TalonError};
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
+use tokio::task::JoinSet;
+
+/// Background chunk stores in flight for one File.
+pub const MAX_UPLOADS: usize = 6;
+
+/// Dirty chunks a File keeps in memory before it stores some early.
+pub const MAX_DIRTY: usize = 4;
+
+/// Bad file descriptor: an operation the open mode does not allow.
+const EBADF: Errno = Errno(9);
+
+/// How to open a file, as `open(2)` flags. The default opens an existing file read-only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Allow reads.
+    pub read: bool,
+    /// Allow writes.
+    pub write: bool,
+    /// Create the file if it does not exist (`O_CREAT`).
+    pub create: bool,
+    /// Fail if it exists (`O_EXCL`, with `create`).
+    pub exclusive: bool,
+    /// Empty the file when opening it (`O_TRUNC`, with `write`).
+    pub truncate: bool,
+    /// Every write goes to the end of the file (`O_APPEND`).
+    pub append: bool,
+    /// Permission bits of a created file.
+    pub perm: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            read: true,
+            write: false,
+            create: false,
+            exclusive: false,
+            truncate: false,
+            append: false,
+            perm: 0o644,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Read-only, the file must exist.
+    pub fn read_only() -> OpenOptions {
+        OpenOptions::default()
+    }
+
+    /// Read-write, created if missing, emptied if present (`O_RDWR|O_CREAT|O_TRUNC`).
+    pub fn create_truncate() -> OpenOptions {
+        OpenOptions {
+            write: true,
+            create: true,
+            truncate: true,
+            ..OpenOptions::default()
+        }
+    }
+
+    /// Read-write, the file must exist (`O_RDWR`).
+    pub fn read_write() -> OpenOptions {
+        OpenOptions {
+            write: true,
+            ..OpenOptions::default()
+        }
+    }
+
+    /// Append-only, created if missing (`O_WRONLY|O_CREAT|O_APPEND`).
+    pub fn append() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: true,
+            create: true,
+            append: true,
+            ..OpenOptions::default()
+        }
+    }
+}
+
+/// A chunk store started in the background, and how it ended.
+struct Upload {
+    index: u32,
+    write_id: u64,
+    data: Arc<Vec<u8>>,
+    result: Result<(), TalonError>,
+}
+
+/// The contents of a chunked file as this File sees them.
+struct Chunks {
+    chunk_size: u64,
+    /// The layout to commit, for chunks that are not dirty.
+    refs: Vec<ChunkRef>,
+    /// Chunks changed in memory; each holds the chunk's exact bytes (zeros after its end).
+    dirty: BTreeMap<u32, Vec<u8>>,
+    /// Chunks being stored, by index: their write id and bytes, served to reads while
+    /// `refs` names that write id.
+    storing: HashMap<u32, (u64, Arc<Vec<u8>>)>,
+    uploads: JoinSet<Upload>,
+}
+
+enum Body {
+    /// The whole contents, `len() == size`.
+    Small(Vec<u8>),
+    Chunked(Chunks),
+}
+
+/// Everything an open file owns; moved into a future while a streaming operation runs.
+struct Core {
+    client: Client,
+    ino: Ino,
+    /// The path or inode, for messages.
+    what: String,
+    opts: OpenOptions,
+    attr: Attr,
+    size: u64,
+    body: Body,
+    /// Uncommitted changes exist.
+    changed: bool,
+    small_max: u64,
+    new_chunk_size: u64,
+}
+
+fn bad_fd(what: &str, op: &str) -> TalonError {
+    TalonError::posix(EBADF, format!("{what}: not open for {op}"))
+}
+
+impl Core {
+    fn new(client: Client, opened: Opened, what: String, opts: OpenOptions) -> Core {
+        let (small_max, chunk_size) = client.data_limits();
+        let size = opened.attr.size;
+        let body = match opened.layout {
+            Layout::Small => Body::Small(opened.body.unwrap_or_default()),
+            Layout::Chunked { chunk_size, chunks } => Body::Chunked(Chunks {
+                chunk_size: chunk_size as u64,
+                refs: chunks,
+                dirty: BTreeMap::new(),
+                storing: HashMap::new(),
+                uploads: JoinSet::new(),
+            }),
+        };
+        Core {
+            client,
+            ino: opened.attr.ino,
+            what,
+            opts,
+            attr: opened.attr,
+            size,
+            body,
+            changed: false,
+            small_max,
+            new_chunk_size: chunk_size,
+        }
+    }
+
+    async fn read_at(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
+        if !self.opts.read {
+            return Err(bad_fd(&self.what, "reading"));
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let c = match &mut self.body {
+            Body::Small(b) => {
+                let mut out = vec![0u8; (end - offset) as usize];
+                let have = (b.len() as u64).min(end);
+                if offset < have {
+                    out[..(have - offset) as usize]
+                        .copy_from_slice(&b[offset as usize..have as usize]);
+                }
+                return Ok(out);
+            }
+            Body::Chunked(c) => c,
+        };
+        let mut out = vec![0u8; (end - offset) as usize];
+        // Chunks held in memory are copied; the rest are fetched in one parallel read each
+        // run of committed chunks.
+        let mut fetch: Vec<(u32, u64, u64, u64)> = Vec::new();
+        for (index, in_chunk, n, at) in pieces(offset, end - offset, c.chunk_size) {
+            let dst = &mut out[at as usize..(at + n) as usize];
+            if let Some(d) = c.dirty.get(&index) {
+                copy_from(dst, d, in_chunk, d.len() as u64);
+                continue;
+            }
+            let r = c.refs.get(index as usize).copied().unwrap_or_default();
+            if r.is_hole() {
+                continue;
+            }
+            match c.storing.get(&index) {
+                Some((id, d)) if *id == r.write_id => copy_from(dst, d, in_chunk, r.len as u64),
+                _ => fetch.push((index, in_chunk, n, at)),
+            }
+        }
+        if !fetch.is_empty() {
+            let client = self.client.clone();
+            let mut runs = futures::stream::FuturesUnordered::new();
+            let sem = Arc::new(tokio::sync::Semaphore::new(crate::data::READ_CONCURRENCY));
+            for (index, in_chunk, n, at) in fetch {
+                let r = c.refs[index as usize];
+                let valid = (r.len as u64).saturating_sub(in_chunk).min(n);
+                if valid == 0 {
+                    continue;
+                }
+                let (client, sem, ino) = (client.clone(), sem.clone(), self.ino);
+                runs.push(async move {
+                    let _permit = sem.acquire().await;
+                    let data = client
+                        .rpc_get_chunk(ino, r.write_id, index, in_chunk as u32, valid as u32)
+                        .await?;
+                    Ok::<_, TalonError>((at, data))
+                });
+            }
+            use futures::StreamExt;
+            while let Some(r) = runs.next().await {
+                let (at, data) = r.map_err(|e| data_error(&self.what, e))?;
+                out[at as usize..at as usize + data.len()].copy_from_slice(&data);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Turns a small body into dirty chunks.
+    fn make_chunked(&mut self) {
+        if let Body::Small(b) = &mut self.body {
+            let b = std::mem::take(b);
+            let cs = self.new_chunk_size;
+            let dirty = b
+                .chunks(cs as usize)
+                .enumerate()
+                .map(|(i, part)| (i as u32, part.to_vec()))
+                .collect();
+            self.body = Body::Chunked(Chunks {
+                chunk_size: cs,
+                refs: Vec::new(),
+                dirty,
+                storing: HashMap::new(),
+                uploads: JoinSet::new(),
+            });
+        }
+    }
+
+    async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), TalonError> {
+        if !self.opts.write {
+            return Err(bad_fd(&self.what, "writing"));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| TalonError::posix(Errno::EFBIG, "write past the largest offset"))?;
+        self.changed = true;
+        if let Body::Small(b) = &mut self.body {
+            if end <= self.small_max {
+                if (b.len() as u64) < end {
+                    b.resize(end as usize, 0);
+                }
+                b[offset as usize..end as usize].copy_from_slice(data);
+                self.size = b.len() as u64;
+                return Ok(());
+            }
+            self.make_chunked();
+        }
+        let Body::Chunked(c) = &mut self.body else {
+            return Err(TalonError::Invalid("file body is not chunked".into()));
+        };
+        for (index, in_chunk, n, at) in pieces(offset, data.len() as u64, c.chunk_size) {
+            let buf = c.dirty_chunk(&self.client, self.ino, index).await?;
+            let (lo, hi) = (in_chunk as usize, (in_chunk + n) as usize);
+            if buf.len() < hi {
+                buf.resize(hi, 0);
+            }
+            buf[lo..hi].copy_from_slice(&data[at as usize..(at + n) as usize]);
+        }
+        self.size = self.size.max(end);
+        // Store chunks the writer has filled and moved past, and keep the dirty set small.
+        let cs = c.chunk_size;
+        let done: Vec<u32> = c
+            .dirty
+            .iter()
+            .filter(|(i, d)| d.len() as u64 == cs && (**i as u64 + 1) * cs <= end)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in done {
+            c.store(&self.client, self.ino, i).await?;
+        }
+        while c.dirty.len() > MAX_DIRTY {
+            let Some(i) = c.dirty.keys().next().copied() else {
+                break;
+            };
+            c.store(&self.client, self.ino, i).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_len(&mut self, size: u64) -> Result<(), TalonError> {
+        if !self.opts.write {
+            return Err(bad_fd(&self.what, "writing"));
+        }
+        self.changed = true;
+        if size == 0 {
+            // Nothing of the old contents survives: the file may be small again.
+            self.body = Body::Small(Vec::new());
+            self.size = 0;
+            return Ok(());
+        }
+        if let Body::Small(b) = &mut self.body {
+            if size <= self.small_max {
+                b.resize(size as usize, 0);
+                self.size = size;
+                return Ok(());
+            }
+            self.make_chunked();
+        }
+        let Body::Chunked(c) = &mut self.body else {
+            return Err(TalonError::Invalid("file body is not chunked".into()));
+        };
+        if size < self.size {
+            let cs = c.chunk_size;
+            let keep = size.div_ceil(cs);
+            c.refs.truncate(keep as usize);
+            c.dirty.retain(|i, _| (*i as u64) < keep);
+            let last = (keep - 1) as u32;
+            let rem = size - (keep - 1) * cs;
+            if let Some(r) = c.refs.get_mut(last as usize) {
+                r.len = r.len.min(rem as u32);
+                if r.len == 0 {
+                    *r = ChunkRef::default();
+                }
+            }
+            if let Some(d) = c.dirty.get_mut(&last) {
+                d.truncate(rem as usize);
+            }
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    async fn commit(&mut self) -> Result<(), TalonError> {
+        let Body::Chunked(c) = &mut self.body else {
+            if !self.changed {
+                return Ok(());
+            }
+            let Body::Small(b) = &self.body else {
+                return Err(TalonError::Invalid("file body is not small".into()));
+            };
+            let attr = self.client.rpc_write_small(self.ino, b).await?;
+            self.attr = attr;
+            self.changed = false;
+            return Ok(());
+        };
+        let indexes: Vec<u32> = c.dirty.keys().copied().collect();
+        for i in indexes {
+            c.store(&self.client, self.ino, i).await?;
+        }
+        while !c.uploads.is_empty() {
+            c.reap_one().await?;
+        }
+        if !self.changed {
+            return Ok(());
+        }
+        let cs = c.chunk_size;
+        let mut refs = c.refs.clone();
+        refs.truncate(self.size.div_ceil(cs) as usize);
+        for r in refs.iter_mut() {
+            if r.is_hole() {
+                *r = ChunkRef::default();
+            }
+        }
+        while refs.last().is_some_and(ChunkRef::is_hole) {
+            refs.pop();
+        }
+        let attr = self
+            .client
+            .rpc_commit_layout(self.ino, self.size, cs as u32, &refs)
+            .await?;
+        c.refs = refs;
+        self.attr = attr;
+        self.changed = false;
+        Ok(())
+    }
+
+    fn metadata(&self) -> Attr {
+        Attr {
+            size: self.size,
+            ..self.attr.clone()
+        }
+    }
+}
+
+/// Copies bytes `[from, from + dst.len())` of `src`, which is valid up to `valid`; the rest
+/// of `dst` stays zero.
+fn copy_from(dst: &mut [u8], src: &[u8], from: u64, valid: u64) {
+    let valid = valid.min(src.len() as u64);
+    if from >= valid {
+        return;
+    }
+    let n = ((valid - from) as usize).min(dst.len());
+    dst[..n].copy_from_slice(&src[from as usize..from as usize + n]);
+}
+
+impl Chunks {
+    /// The dirty buffer of chunk `index`, reading the chunk first if the File does not hold
+    /// it yet.
+    async fn dirty_chunk(
+        &mut self,
+        client: &Client,
+        ino: Ino,
+        index: u32,
+    ) -> Result<&mut Vec<u8>, TalonError> {
+        if !self.dirty.contains_key(&index) {
+            let r = self.refs.get(index as usize).copied().unwrap_or_default();
+            let old = if r.is_hole() {
+                Vec::new()
+            } else if let Some((_, d)) =
+                self.storing.get(&index).filter(|(id, _)| *id == r.write_id)
+            {
+                d[..(r.len as usize).min(d.len())].to_vec()
+            } else {
+                client
+                    .rpc_get_chunk(ino, r.write_id, index, 0, r.len)
+                    .await
+                    .map_err(|e| data_error(&format!("inode {ino}"), e))?
+            };
+            self.dirty.insert(index, old);
+        }
+        self.dirty
+            .get_mut(&index)
+            .ok_or_else(|| TalonError::Invalid("dirty chunk vanished".into()))
+    }
+
+    /// Starts storing dirty chunk `index` in the background, waiting for a slot first.
+    async fn store(&mut self, client: &Client, ino: Ino, index: u32) -> Result<(), TalonError> {
+        let Some(data) = self.dirty.remove(&index) else {
+            return Ok(());
+        };
+        while self.uploads.len() >= MAX_UPLOADS {
+            if let Err(e) = self.reap_one().await {
+                self.dirty.entry(index).or_insert(data);
+                return Err(e);
+            }
+        }
+        if self.refs.len() <= index as usize {
+            self.refs.resize(index as usize + 1, ChunkRef::default());
+        }
+        if data.is_empty() {
+            self.refs[index as usize] = ChunkRef::default();
+            return Ok(());
+        }
+        let write_id = rand::random::<u64>().max(1);
+        self.refs[index as usize] = ChunkRef {
+            write_id,
+            len: data.len() as u32,
+        };
+        let data = Arc::new(data);
+        self.storing.insert(index, (write_id, data.clone()));
+        let client = client.clone();
+        self.uploads.spawn(async move {
+            let result = client.rpc_put_chunk(ino, write_id, index, &data).await;
+            Upload {
+                index,
+                write_id,
+                data,
+                result,
+            }
+        });
+        Ok(())
+    }
+
+    /// Waits for one background store. A failed store puts its chunk back among the dirty
+    /// ones (if nothing newer replaced it) and returns the error.
+    async fn reap_one(&mut self) -> Result<(), TalonError> {
+        let Some(done) = self.uploads.join_next().await else {
+            return Ok(());
+        };
+        let done = done.map_err(|e| TalonError::Unavailable(format!("chunk store task: {e}")))?;
+        let current = self
+            .storing
+            .get(&done.index)
+            .is_some_and(|(id, _)| *id == done.write_id);
+        if current {
+            self.storing.remove(&done.index);
+        }
+        if let Err(e) = done.result {
+            let named = self
+                .refs
+                .get(done.index as usize)
+                .is_some_and(|r| r.write_id == done.write_id);
+            if named && !self.dirty.contains_key(&done.index) {
+                let len = self.refs[done.index as usize].len as usize;
+                let mut data = Arc::unwrap_or_clone(done.data);
+                data.truncate(len);
+                self.dirty.insert(done.index, data);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// What a streaming operation running in the background produced.
+enum Outcome {
+    Read(u64, Result<Vec<u8>, TalonError>),
+    Write(Result<(), TalonError>),
+    Flush(Result<(), TalonError>),
+}
+
+type Op = BoxFuture<'static, (Box<Core>, Outcome)>;
+
+/// An open regular file. See the module docs for buffering, commit and visibility.
+pub struct File {
+    core: Option<Box<Core>>,
+    op: Option<Op>,
+    pos: u64,
+    /// Read-ahead: bytes of the file starting at `rbuf_at`.
+    rbuf: Vec<u8>,
+    rbuf_at: u64,
+    rbuf_used: usize,
+}
+
+fn io_err(e: TalonError) -> io::Error {
+    let errno = e.errno();
+    io::Error::new(io::Error::from_raw_os_error(errno.0).kind(), e)
+}
+
+impl File {
+    fn new(core: Core) -> File {
+        File {
+            core: Some(Box::new(core)),
+            op: None,
+            pos: 0,
+            rbuf: Vec::new(),
+            rbuf_at: 0,
+            rbuf_used: 0,
+        }
+    }
+
+    /// Drives a running streaming operation to its end and takes the core back. A failed
+    /// write or flush is returned; a read's result is dropped.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TalonError>> {
+        if let Some(op) = self.op.as_mut() {
+            let (core, outcome) = ready!(op.as_mut().poll(cx));
+            self.op = None;
+            self.core = Some(core);
+            match outcome {
+                Outcome::Read(at, Ok(data)) => self.set_rbuf(at, data),
+                Outcome::Read(_, Err(_)) => {}
+                Outcome::Write(r) | Outcome::Flush(r) => r?,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn set_rbuf(&mut self, at: u64, data: Vec<u8>) {
+        self.rbuf = data;
+        self.rbuf_at = at;
+        self.rbuf_used = 0;
+    }
+
+    fn drop_rbuf(&mut self) {
+        self.rbuf.clear();
+        self.rbuf_used = 0;
+    }
+
+    async fn core(&mut self) -> Result<&mut Core, TalonError> {
+        std::future::poll_fn(|cx| self.poll_idle(cx)).await?;
+        self.core
+            .as_deref_mut()
+            .ok_or_else(|| TalonError::Invalid("file has no state".into()))
+    }
+
+    /// The inode.
+    pub fn ino(&self) -> Ino {
+        self.core.as_ref().map_or(Ino(0), |c| c.ino)
+    }
+
+    /// The current position of the streaming interface.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Up to `len` bytes at `offset` (fewer at the end of the file; holes read as zeros),
+    /// this File's uncommitted writes included.
+    pub async fn read_at(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
+        self.core().await?.read_at(offset, len).await
+    }
+
+    /// Writes `data` at `offset`, extending the file (with zeros in any gap) if needed.
+    /// Not visible to others until the next commit.
+    pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), TalonError> {
+        self.drop_rbuf();
+        self.core().await?.write_at(offset, data).await
+    }
+
+    /// Shrinks or extends the file to `size` bytes (extension reads as zeros).
+    pub async fn set_len(&mut self, size: u64) -> Result<(), TalonError> {
+        self.drop_rbuf();
+        self.core().await?.set_len(size).await
+    }
+
+    /// Commits this File's changes: they become the file's contents, durably and for every
+    /// later open, atomically. Does nothing when there is nothing to commit.
+    pub async fn flush(&mut self) -> Result<(), TalonError> {
+        self.core().await?.commit().await
+    }
+
+    /// Same as [`File::flush`]: a commit is durable (replicated) when it returns.
+    pub async fn sync_all(&mut self) -> Result<(), TalonError> {
+        self.flush().await
+    }
+
+    /// Commits and closes the file.
+    pub async fn close(mut self) -> Result<(), TalonError> {
+        self.flush().await
+    }
+
+    /// The attributes as this File sees them (its size includes uncommitted writes).
+    pub async fn metadata(&mut self) -> Result<Attr, TalonError> {
+        Ok(self.core().await?.metadata())
+    }
+
+    /// The size as this File sees it (uncommitted writes included).
+    pub async fn len(&mut self) -> Result<u64, TalonError> {
+        Ok(self.core().await?.size)
+    }
+
+    /// True when the file is empty.
+    pub async fn is_empty(&mut self) -> Result<bool, TalonError> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// Whether this File has changes not yet committed.
+    pub fn is_dirty(&self) -> bool {
+        self.op.is_some() || self.core.as_ref().is_some_and(|c| c.changed)
+    }
+
+    fn start(&mut self, f: impl FnOnce(Box<Core>) -> Op) -> Result<(), TalonError> {
+        let core = self
+            .core
+            .take()
+            .ok_or_else(|| TalonError::Invalid("file has no state".into()))?;
+        self.op = Some(f(core));
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("File");
+        if let Some(c) = &self.core {
+            d.field("file", &c.what).field("size", &c.size);
+        }
+        d.field("pos", &self.pos)
+            .field("dirty", &self.is_dirty())
+            .finish()
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if self.is_dirty() {
+            let what = self.core.as_ref().map_or(String::new(), |c| c.what.clone());
+            tracing::warn!(file = %what, "file dropped with uncommitted changes; they are lost");
+        }
+    }
+}
+
+impl AsyncRead for File {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            let avail = this.rbuf.len() - this.rbuf_used;
+            if avail > 0 && this.rbuf_at + this.rbuf_used as u64 == this.pos {
+                let n = avail.min(buf.remaining());
+                buf.put_slice(&this.rbuf[this.rbuf_used..this.rbuf_used + n]);
+                this.rbuf_used += n;
+                this.pos += n as u64;
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(op) = this.op.as_mut() {
+                let (core, outcome) = ready!(op.as_mut().poll(cx));
+                this.op = None;
+                this.core = Some(core);
+                match outcome {
+                    Outcome::Read(at, r) => {
+                        let data = r.map_err(io_err)?;
+                        if data.is_empty() && at == this.pos {
+                            return Poll::Ready(Ok(()));
+                        }
+                        this.set_rbuf(at, data);
+                    }
+                    Outcome::Write(r) | Outcome::Flush(r) => r.map_err(io_err)?,
+                }
+                continue;
+            }
+            if buf.remaining() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let at = this.pos;
+            let chunk = match this.core.as_ref().map(|c| &c.body) {
+                Some(Body::Chunked(c)) => c.chunk_size,
+                _ => u64::MAX,
+            };
+            // Up to the end of the current chunk: one RPC per chunk for sequential reads.
+            let window = (chunk - at % chunk)
+                .min(8 << 20)
+                .max(buf.remaining() as u64);
+            this.start(|mut core| {
+                Box::pin(async move {
+                    let r = core.read_at(at, window).await;
+                    (core, Outcome::Read(at, r))
+                })
+            })
+            .map_err(io_err)?;
+        }
+    }
+}
+
+impl AsyncWrite for File {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        ready!(this.poll_idle(cx)).map_err(io_err)?;
+        this.drop_rbuf();
+        let Some(core) = this.core.as_ref() else {
+            return Poll::Ready(Err(io_err(TalonError::Invalid("file has no state".into()))));
+        };
+        let at = if core.opts.append {
+            core.size
+        } else {
+            this.pos
+        };
+        let data = buf.to_vec();
+        let n = data.len();
+        this.start(|mut core| {
+            Box::pin(async move {
+                let r = core.write_at(at, &data).await;
+                (core, Outcome::Write(r))
+            })
+        })
+        .map_err(io_err)?;
+        this.pos = at + n as u64;
+        // Most writes only touch memory and finish in this first poll; the others go on
+        // in the background and report a failure at the next operation.
+        if let Poll::Ready(r) = this.poll_idle(cx) {
+            r.map_err(io_err)?;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if let Some(op) = this.op.as_mut() {
+                let (core, outcome) = ready!(op.as_mut().poll(cx));
+                this.op = None;
+                this.core = Some(core);
+                match outcome {
+                    Outcome::Flush(r) => return Poll::Ready(r.map_err(io_err)),
+                    Outcome::Write(r) => r.map_err(io_err)?,
+                    Outcome::Read(..) => {}
+                }
+            }
+            this.start(|mut core| {
+                Box::pin(async move {
+                    let r = core.commit().await;
+                    (core, Outcome::Flush(r))
+                })
+            })
+            .map_err(io_err)?;
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
+impl AsyncSeek for File {
+    fn start_seek(mut self: Pin<&mut Self>, to: io::SeekFrom) -> io::Result<()> {
+        let this = &mut *self;
+        let Some(core) = this.core.as_ref() else {
+            return Err(io::Error::other(
+                "another file operation is running; call poll_complete first",
+            ));
+        };
+        let target = match to {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::End(d) => core.size.checked_add_signed(d),
+            io::SeekFrom::Current(d) => this.pos.checked_add_signed(d),
+        };
+        this.pos = target.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "seek to a negative position")
+        })?;
+        Ok(())
+    }
+
+    fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
+        let this = &mut *self;
+        ready!(this.poll_idle(cx)).map_err(io_err)?;
+        Poll::Ready(Ok(this.pos))
+    }
+}
+
+impl Client {
+    /// Opens the regular file at `path` (a final symlink is followed) as `opts` says.
+    pub async fn open(
+        &self,
+        path: impl AsRef<[u8]>,
+        opts: OpenOptions,
+    ) -> Result<File, TalonError> {
+        let comps = path::components(path.as_ref())?;
+        let what = path::display(&comps);
+        check_opts(&opts)?;
+        let opened = if opts.create {
+            let spec = CreateSpec {
+                exclusive: opts.exclusive,
+                ..CreateSpec::file(opts.perm)
+            };
+            let created = match self.create_path_spec(&comps, spec).await {
+                // A symlink (or other non-file) of that name: open what it names.
+                Err(e) if e.errno() == Errno::EEXIST && !opts.exclusive => None,
+                r => Some(r?),
+            };
+            match created {
+                Some(attr) if attr.kind != FileKind::Regular => {
+                    return Err(TalonError::posix(
+                        Errno::EISDIR,
+                        format!("{what} is not a regular file"),
+                    ))
+                }
+                // New, or existing and about to be emptied: no need to read the contents.
+                Some(attr) if attr.size == 0 || opts.truncate => Opened {
+                    attr,
+                    layout: Layout::Small,
+                    body: None,
+                },
+                Some(attr) => self.rpc_open(attr.ino, true, ReadKind::StrictRead).await?,
+                None => self.open_path(&comps, true).await?,
+            }
+        } else {
+            self.open_path(&comps, opts.write).await?
+        };
+        self.finish_open(opened, what, opts).await
+    }
+
+    /// Opens regular file `ino` as `opts` says (`create` and `exclusive` do not apply).
+    pub async fn open_ino(&self, ino: Ino, opts: OpenOptions) -> Result<File, TalonError> {
+        check_opts(&opts)?;
+        let opened = self
+            .rpc_open(ino, !opts.truncate, ReadKind::StrictRead)
+            .await?;
+        if opened.attr.kind != FileKind::Regular {
+            return Err(TalonError::posix(
+                Errno::EISDIR,
+                format!("inode {ino} is not a regular file"),
+            ));
+        }
+        self.finish_open(opened, format!("inode {ino}"), opts).await
+    }
+
+    async fn finish_open(
+        &self,
+        opened: Opened,
+        what: String,
+        opts: OpenOptions,
+    ) -> Result<File, TalonError> {
+        let mut core = Core::new(self.clone(), opened, what, opts);
+        if opts.truncate && core.size > 0 {
+            core.set_len(0).await?;
+        }
+        let mut f = File::new(core);
+        if opts.append {
+            f.pos = f.len().await?;
+        }
+        Ok(f)
+    }
+
+    /// Sets the size of regular file `ino` to `size` (truncate or extend with zeros), as a
+    /// commit through a [`File`]: for a chunked file only the layout changes.
+    pub async fn truncate(&self, ino: Ino, size: u64) -> Result<Attr, TalonError> {
+        let opts = OpenOptions::read_write();
+        let mut f = self.open_ino(ino, opts).await?;
+        f.set_len(size).await?;
+        f.flush().await?;
+        f.metadata().await
+    }
+
+    async fn create_path_spec(
+        &self,
+        comps: &path::Components,
+        spec: CreateSpec,
+    ) -> Result<Attr, TalonError> {
+        let (name, parent) = crate::paths::split_last(comps, Errno::EISDIR, "open")?;
+        Self::check_spec(&name, &spec)?;
+        let (name, parent, spec) = (&name, &parent, &spec);
+        self.path_op(|epoch| async move {
+            let dir = self.resolve_dir(parent, epoch).await?;
+            Ok(self
+                .rpc_create(dir.ino, dir.class, name, spec, epoch)
+                .await?
+                .0)
+        })
+        .await
+    }
+}
+
+fn check_opts(opts: &OpenOptions) -> Result<(), TalonError> {
+    if !opts.read && !opts.write {
+        return Err(TalonError::posix(
+            Errno::EINVAL,
+            "open for neither reading nor writing",
+        ));
+    }
+    if (opts.truncate || opts.append) && !opts.write {
+        return Err(TalonError::posix(
+            Errno::EINVAL,
+            "truncate or append without write access",
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! File contents round trips: whole-file writes and reads of sizes around the small-file
+//! threshold and a multi-chunk file, the same through a streaming `File`, sparse files
+//! reading zeros, and the errors of reading what is not a file.
+
+mod common;
+
+use common::{errno, Fixture};
+use talon_client::{Client, Errno, MkdirOptions, OpenOptions};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+/// Deterministic bytes that differ between offsets and between seeds.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn sizes(c: &Client) -> Vec<usize> {
+    let t = c.cluster_map().small_file_max as usize;
+    vec![0, 1, t - 1, t, t + 1, 10 << 20]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_files_round_trip_across_the_threshold() {
+    let fx = Fixture::start(3).await;
+    let c = &fx.client;
+    c.mkdir("/rt", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let reader = fx.other_client().await;
+    for (i, n) in sizes(c).into_iter().enumerate() {
+        let path = format!("/rt/f{n}");
+        let data = pattern(i as u64, n);
+        let attr = c.write_file(&path, &data).await.expect("write_file");
+        assert_eq!(attr.size, n as u64);
+        let back = c.read_file(&path).await.expect("read_file");
+        assert!(back == data, "{n} bytes read back as written");
+        let by_ino = reader.read_file_ino(attr.ino).await.expect("read_file_ino");
+        assert!(by_ino == data, "{n} bytes read by ino from another client");
+        // Replace with a different size class: contents switch whole.
+        let other = pattern(100 + i as u64, (n + 7) % 5000);
+        c.write_file(&path, &other).await.expect("overwrite");
+        assert!(c.read_file(&path).await.expect("read") == other);
+        assert_eq!(c.stat(&path).await.expect("stat").size, other.len() as u64);
+    }
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_files_round_trip_across_the_threshold() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    c.mkdir("/st", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    for (i, n) in sizes(c).into_iter().enumerate() {
+        let path = format!("/st/f{n}");
+        let data = pattern(i as u64 + 7, n);
+        let mut f = c
+            .open(&path, OpenOptions::create_truncate())
+            .await
+            .expect("open for writing");
+        // Odd-sized writes, so pieces straddle chunk boundaries.
+        for part in data.chunks(100_003) {
+            f.write_all(part).await.expect("write");
+        }
+        f.shutdown().await.expect("commit");
+        drop(f);
+        let mut f = c.open(&path, OpenOptions::read_only()).await.expect("open");
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).await.expect("read_to_end");
+        assert!(back == data, "{n} bytes streamed back as written");
+        assert!(c.read_file(&path).await.expect("read_file") == data);
+        if n > 10 {
+            let at = n as u64 / 3;
+            f.seek(std::io::SeekFrom::Start(at)).await.expect("seek");
+            let mut part = vec![0u8; 10];
+            f.read_exact(&mut part).await.expect("read_exact");
+            assert_eq!(part, data[at as usize..at as usize + 10]);
+            let end = f.seek(std::io::SeekFrom::End(-3)).await.expect("seek end");
+            assert_eq!(end, n as u64 - 3);
+        }
+    }
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_files_read_zeros() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    let t = c.cluster_map().small_file_max as u64;
+    let cs = c.cluster_map().chunk_size as u64;
+    c.mkdir("/sp", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+
+    // A small sparse file: a gap, then data.
+    let mut f = c
+        .open("/sp/small", OpenOptions::create_truncate())
+        .await
+        .expect("open");
+    f.write_at(1000, b"tail").await.expect("write past the end");
+    f.close().await.expect("close");
+    let mut want = vec![0u8; 1004];
+    want[1000..].copy_from_slice(b"tail");
+    assert_eq!(c.read_file("/sp/small").await.expect("read"), want);
+
+    // A chunked sparse file: data in chunk 0 and chunk 3, holes between, a hole at the end.
+    let mut f = c
+        .open("/sp/big", OpenOptions::create_truncate())
+        .await
+        .expect("open");
+    f.write_at(5, b"head").await.expect("write");
+    f.write_at(3 * cs + 17, b"middle").await.expect("write");
+    f.set_len(5 * cs + 9).await.expect("extend");
+    f.close().await.expect("close");
+    let back = c.read_file("/sp/big").await.expect("read");
+    assert_eq!(back.len() as u64, 5 * cs + 9);
+    assert_eq!(&back[5..9], b"head");
+    assert_eq!(
+        &back[(3 * cs + 17) as usize..(3 * cs + 23) as usize],
+        b"middle"
+    );
+    let nonzero = back.iter().filter(|b| **b != 0).count();
+    assert_eq!(nonzero, b"headmiddle".iter().filter(|b| **b != 0).count());
+
+    // Set_len past the threshold on a small file makes a hole-only chunked file.
+    let mut f = c
+        .open("/sp/grown", OpenOptions::create_truncate())
+        .await
+        .expect("open");
+    f.set_len(t * 3).await.expect("grow");
+    f.close().await.expect("close");
+    let back = c.read_file("/sp/grown").await.expect("read");
+    assert_eq!(back.len() as u64, t * 3);
+    assert!(back.iter().all(|b| *b == 0));
+
+    // Shrinking and growing again: the cut-off bytes come back as zeros, not old data.
+    let data = pattern(3, (2 * cs + 100) as usize);
+    let a = c.write_file("/sp/cut", &data).await.expect("write");
+    c.truncate(a.ino, cs + 10).await.expect("shrink");
+    c.truncate(a.ino, 2 * cs + 100).await.expect("grow");
+    let back = c.read_file("/sp/cut").await.expect("read");
+    assert_eq!(&back[..(cs + 10) as usize], &data[..(cs + 10) as usize]);
+    assert!(back[(cs + 10) as usize..].iter().all(|b| *b == 0));
+    fx.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_what_is_not_a_file_fails_like_posix() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    c.mkdir("/e", MkdirOptions::default()).await.expect("mkdir");
+    assert_eq!(errno(c.read_file("/e").await), Errno::EISDIR);
+    assert_eq!(errno(c.read_file("/e/missing").await), Errno::ENOENT);
+    c.write_file("/e/target", b"via a link")
+        .await
+        .expect("write");
+    c.symlink("target", "/e/link").await.expect("symlink");
+    assert_eq!(c.read_file("/e/link").await.expect("follow"), b"via a link");
+    assert_eq!(
+        errno(
+            c.open(
+                "/e/target",
+                OpenOptions {
+                    exclusive: true,
+                    ..OpenOptions::create_truncate()
+                }
+            )
+            .await
+        ),
+        Errno::EEXIST
+    );
+    let mut ro = c
+        .open("/e/target", OpenOptions::read_only())
+        .await
+        .expect("open");
+    assert_eq!(errno(ro.write_at(0, b"x").await), Errno(9), "EBADF");
+    fx.shutdown().await;
+}
