@@ -51,6 +51,7 @@ pub struct BodyRec {
     /// CRC32C of `data`.
     pub crc: u32,
     /// The contents (may be shorter than the file's size: the tail reads as zeros).
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -62,6 +63,7 @@ pub struct ChunkRec {
     /// When it was written (leader wall clock, ms).
     pub at_ms: u64,
     /// The contents.
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 

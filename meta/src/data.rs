@@ -53,6 +53,7 @@ pub struct OpenFile {
     /// Layout of a chunked file.
     pub layout: Option<Layout>,
     /// Body of a small file, when asked for.
+    #[serde(with = "serde_bytes")]
     pub body: Option<Vec<u8>>,
 }
 

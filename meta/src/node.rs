@@ -107,9 +107,9 @@ fn raft_config(c: &Config) -> Result<Arc<openraft::Config>, String> {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
         max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
         install_snapshot_timeout: 10_000,
-        // Entries may carry 4 MiB chunks: keep one AppendEntries well under the peer
-        // message limit.
-        max_payload_entries: 8,
+        // Entries may carry up to ~8 MiB of file data, and openraft gives an AppendEntries
+        // one heartbeat interval to complete: keep each one small.
+        max_payload_entries: 4,
         ..Default::default()
     };
     rc.validate().map(Arc::new).map_err(|e| e.to_string())

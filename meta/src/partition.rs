@@ -29,7 +29,7 @@ type Reply = oneshot::Sender<Result<CommandResult, TalonError>>;
 const PROPOSALS_IN_FLIGHT: usize = 2;
 /// A merged proposal stops growing at this many payload bytes (file data), so one Raft
 /// entry stays well within a peer message.
-const PROPOSAL_BYTES: usize = 8 << 20;
+const PROPOSAL_BYTES: usize = 4 << 20;
 
 /// A partition replica on this node.
 pub struct Partition {

@@ -211,13 +211,22 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Fatal> {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    #[serde(with = "serde_bytes")]
     data: Vec<u8>,
 }
 
 /// The files of a checkpoint, packed for transfer.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct PackedFiles {
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<PackedFile>,
+}
+
+/// One file of a packed checkpoint.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PackedFile {
+    name: String,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
 }
 
 /// The openraft state machine of one partition replica.
@@ -272,7 +281,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
                 continue;
             }
             let data = std::fs::read(e.path()).map_err(|e| Fatal::Corrupt(e.to_string()))?;
-            files.push((name, data));
+            files.push(PackedFile { name, data });
         }
         let data = bincode::serialize(&PackedFiles { files })
             .map_err(|e| Fatal::Corrupt(e.to_string()))?;
@@ -416,7 +425,11 @@ fn install_snapshot(
     let target = store.dir.join(&name);
     let res = (|| -> Result<DB, Fatal> {
         std::fs::create_dir_all(&target).map_err(|e| Fatal::Corrupt(e.to_string()))?;
-        for (file, bytes) in &packed.files {
+        for PackedFile {
+            name: file,
+            data: bytes,
+        } in &packed.files
+        {
             if file.contains('/') || file.contains("..") {
                 return Err(Fatal::Corrupt(format!("snapshot file name {file:?}")));
             }

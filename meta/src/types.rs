@@ -223,6 +223,7 @@ pub enum Op {
         /// The file.
         ino: Ino,
         /// Its new contents.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Refuse unless the inode is at this generation (0: any).
         expect_generation: u64,
@@ -238,6 +239,7 @@ pub enum Op {
         /// Chunk index.
         index: u32,
         /// Contents.
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Leader wall clock (ms) at proposal, for garbage collection's grace period.
         at_ms: u64,
