@@ -92,6 +92,36 @@ pub enum Command {
     },
     /// Show every node's partitions: role, leader, term, applied index.
     Status,
+    /// Copy a local file into the namespace (into REMOTE if it is a directory).
+    Put {
+        /// The local file.
+        local: std::path::PathBuf,
+        /// Where to write it.
+        remote: String,
+    },
+    /// Copy a file out of the namespace (into LOCAL if it is a directory).
+    Get {
+        /// The file to copy.
+        remote: String,
+        /// Where to write it.
+        local: std::path::PathBuf,
+    },
+    /// Write files' contents to stdout.
+    Cat {
+        /// Files to print.
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Bulk-load a local directory tree into directory DST (made if missing).
+    Import {
+        /// The local directory (or file).
+        src: std::path::PathBuf,
+        /// The directory to load it into.
+        dst: String,
+        /// Small-file bodies written at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
 }
 
 /// Arguments of `talon mkdir`.
@@ -239,6 +269,48 @@ pub async fn run_with(
         } => {
             if let Err(e) = client.set_policy(&path, class).await {
                 fail("policy", &path, &e);
+            }
+        }
+        Command::Put { local, remote } => {
+            match crate::transfer::put(client, &local, &remote).await {
+                Ok((path, n)) => writeln!(out, "{path}: {n} bytes")?,
+                Err(e) => fail("put", &remote, &e),
+            }
+        }
+        Command::Get { remote, local } => {
+            if let Err(e) = crate::transfer::get(client, &remote, &local).await {
+                fail("get", &remote, &e);
+            }
+        }
+        Command::Cat { paths } => {
+            for p in &paths {
+                match crate::transfer::cat(client, p, out).await {
+                    Ok(()) => {}
+                    Err(crate::transfer::CatError::Io(e)) => return Err(e),
+                    Err(crate::transfer::CatError::Talon(e)) => fail("cat", p, &e),
+                }
+            }
+        }
+        Command::Import {
+            src,
+            dst,
+            concurrency,
+        } => {
+            let opts = crate::import::ImportOptions {
+                concurrency,
+                ..Default::default()
+            };
+            match crate::transfer::import(client, &src, &dst, &opts).await {
+                Ok(summary) => {
+                    for (path, e) in &summary.failures {
+                        eprintln!("talon: import {}: {}", path.display(), describe(e));
+                    }
+                    writeln!(out, "imported {summary}")?;
+                    if summary.failed > 0 {
+                        ok = false;
+                    }
+                }
+                Err(e) => fail("import", &dst, &e),
             }
         }
         Command::Status => {

@@ -30,6 +30,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use talon_model::{Errno, FileKind, Ino, TalonError};
 
+/// Buffer of a streamed (large) file's local reads.
+pub(crate) const COPY_BUFFER: usize = 1 << 20;
+
 /// Failures kept, with their paths, in an [`ImportSummary`].
 pub const MAX_REPORTED_FAILURES: usize = 100;
 
@@ -345,7 +348,9 @@ impl Run<'_> {
 
     async fn stream(&self, job: &Job) -> Result<u64, TalonError> {
         let local_err = |e: std::io::Error| TalonError::posix(io_errno(&e), e.to_string());
-        let mut src = tokio::fs::File::open(&job.local).await.map_err(local_err)?;
+        let src = tokio::fs::File::open(&job.local).await.map_err(local_err)?;
+        // Large pieces: each local read is a trip to the blocking pool.
+        let mut src = tokio::io::BufReader::with_capacity(COPY_BUFFER, src);
         let opts = OpenOptions {
             read: false,
             truncate: true,

@@ -30,6 +30,7 @@ pub mod path;
 pub mod path_cache;
 pub mod paths;
 pub mod router;
+pub mod transfer;
 pub mod types;
 
 pub use client::Client;

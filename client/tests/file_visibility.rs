@@ -23,10 +23,7 @@ async fn readers_see_old_or_new_contents_whole() {
         let old = reader.read_file("/v/f").await.unwrap_or_default();
         let old_byte = old.first().copied();
         // A reader opened before the commit.
-        let mut early = match reader.open("/v/f", OpenOptions::read_only()).await {
-            Ok(f) => Some(f),
-            Err(_) => None,
-        };
+        let mut early = reader.open("/v/f", OpenOptions::read_only()).await.ok();
         let mut w = c
             .open("/v/f", OpenOptions::create_truncate())
             .await
