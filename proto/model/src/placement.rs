@@ -100,8 +100,9 @@ mod tests {
 
     #[test]
     fn chunks_of_one_file_stripe_over_partitions() {
-        let used: std::collections::BTreeSet<u32> =
-            (0..64).map(|i| chunk_partition(Ino(1 << 48 | 9), i, 8)).collect();
+        let used: std::collections::BTreeSet<u32> = (0..64)
+            .map(|i| chunk_partition(Ino(1 << 48 | 9), i, 8))
+            .collect();
         assert_eq!(used.len(), 8);
     }
 
