@@ -339,8 +339,8 @@ impl Client {
             name: name.to_vec(),
             kind: pb::FileKind::from(spec.kind) as i32,
             perm: spec.perm & 0o7777,
-            uid: self.inner.opts.uid,
-            gid: self.inner.opts.gid,
+            uid: spec.owner.map_or(self.inner.opts.uid, |o| o.0),
+            gid: spec.owner.map_or(self.inner.opts.gid, |o| o.1),
             rdev: spec.rdev,
             symlink_target: spec.symlink_target.clone(),
             class: spec.class.map_or(

@@ -19,6 +19,9 @@ pub struct CreateSpec {
     pub class: Option<Class>,
     /// When false, creating a regular file that exists returns it (open without O_EXCL).
     pub exclusive: bool,
+    /// Owner and group of the new inode; `None` takes the client's `uid` and `gid` options.
+    /// The FUSE mount passes the calling process's ids here.
+    pub owner: Option<(u32, u32)>,
 }
 
 impl CreateSpec {
@@ -31,6 +34,7 @@ impl CreateSpec {
             symlink_target: Vec::new(),
             class: None,
             exclusive: true,
+            owner: None,
         }
     }
 
