@@ -11,6 +11,7 @@ use crate::options::ClientOptions;
 use crate::types::{DirEntry, MkdirOptions};
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
+use std::path::PathBuf;
 use talon_model::{Attr, Class, Errno, FileKind, TalonError, Time};
 
 /// The cluster used when neither `--cluster` nor `TALON_CLUSTER` is given.
@@ -122,6 +123,51 @@ pub enum Command {
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
     },
+    /// Mount the namespace at MOUNTPOINT until SIGINT or SIGTERM (FUSE).
+    Mount(MountArgs),
+    /// Unmount a Talon mount (also one whose process died).
+    Umount {
+        /// The mount point.
+        mountpoint: PathBuf,
+    },
+    /// Run a single-node Talon in this process and mount it, until SIGINT or SIGTERM.
+    #[cfg(feature = "server")]
+    Up(UpArgs),
+}
+
+/// Arguments of `talon mount`.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// Where to mount: an existing, empty directory.
+    pub mountpoint: PathBuf,
+    /// Seconds the kernel may cache entries and attributes of relaxed paths (default: the
+    /// cluster's staleness bound). Strict paths are never cached.
+    #[arg(long, value_name = "SECS")]
+    pub relaxed_ttl: Option<f64>,
+    /// Let other users use the mount (and check their permissions from the mode bits).
+    #[arg(long)]
+    pub allow_other: bool,
+}
+
+/// Arguments of `talon up`.
+#[cfg(feature = "server")]
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Where to mount (created if missing).
+    #[arg(default_value = "talon-mnt")]
+    pub mountpoint: PathBuf,
+    /// The data directory (created if missing; reopened if it exists).
+    #[arg(long, default_value = "talon-data")]
+    pub data: PathBuf,
+    /// The embedded node's address; other `talon` commands reach it with `--cluster`.
+    #[arg(long, default_value = crate::up::DEFAULT_LISTEN)]
+    pub listen: String,
+    /// Seconds the kernel may cache entries and attributes of relaxed paths.
+    #[arg(long, value_name = "SECS")]
+    pub relaxed_ttl: Option<f64>,
+    /// Let other users use the mount.
+    #[arg(long)]
+    pub allow_other: bool,
 }
 
 /// Arguments of `talon mkdir`.
@@ -153,6 +199,14 @@ pub fn seeds(cluster: &str) -> Vec<String> {
 
 /// Runs the command; returns the process exit status.
 pub async fn run(cli: Cli) -> i32 {
+    // Commands that manage a mount or a node rather than talk to a cluster.
+    let command = match cli.command {
+        Command::Mount(args) => return mount(&cli.cluster, args).await,
+        Command::Umount { mountpoint } => return umount(&mountpoint),
+        #[cfg(feature = "server")]
+        Command::Up(args) => return up(args).await,
+        other => other,
+    };
     // Long enough to ride out a leader election, short enough for a person at a terminal.
     let opts = ClientOptions {
         op_timeout: CLI_OP_TIMEOUT,
@@ -166,9 +220,111 @@ pub async fn run(cli: Cli) -> i32 {
         }
     };
     let mut out = std::io::stdout().lock();
-    match run_with(&client, cli.command, &mut out).await {
+    match run_with(&client, command, &mut out).await {
         Ok(true) => 0,
         _ => 1,
+    }
+}
+
+/// A `--relaxed-ttl` value in seconds as a duration; `None` if it is not a finite,
+/// non-negative number.
+fn ttl_secs(secs: Option<f64>) -> Result<Option<std::time::Duration>, String> {
+    secs.map(|s| {
+        std::time::Duration::try_from_secs_f64(s)
+            .map_err(|_| format!("--relaxed-ttl {s}: not a number of seconds"))
+    })
+    .transpose()
+}
+
+/// `talon mount`: connects, mounts, serves until SIGINT/SIGTERM or an external unmount.
+async fn mount(cluster: &str, args: MountArgs) -> i32 {
+    let shown = args.mountpoint.display().to_string();
+    let relaxed_ttl = match ttl_secs(args.relaxed_ttl) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("talon: mount {shown}: {e}");
+            return 1;
+        }
+    };
+    // Fail fast on a bad mount point, before looking for the cluster.
+    if let Err(e) = crate::fuse::check_mountpoint(&args.mountpoint) {
+        eprintln!("talon: {e}");
+        return 1;
+    }
+    let client = match Client::connect(&seeds(cluster), ClientOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("talon: connect {cluster}: {e}");
+            return 1;
+        }
+    };
+    let opts = crate::fuse::MountOptions {
+        relaxed_ttl,
+        allow_other: args.allow_other,
+        ..crate::fuse::MountOptions::new(&args.mountpoint)
+    };
+    let rt = tokio::runtime::Handle::current();
+    let mounted =
+        tokio::task::spawn_blocking(move || crate::fuse::Mount::start(client, &opts, rt)).await;
+    let m = match mounted {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            eprintln!("talon: {e}");
+            return 1;
+        }
+        Err(e) => {
+            eprintln!("talon: mount {shown}: {e}");
+            return 1;
+        }
+    };
+    eprintln!("talon: mounted {cluster} at {shown}");
+    match m.serve_until(crate::fuse::shutdown_signal()).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("talon: {e}");
+            1
+        }
+    }
+}
+
+/// `talon umount`.
+fn umount(mountpoint: &std::path::Path) -> i32 {
+    match crate::fuse::unmount_path(mountpoint, false) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("talon: {e}");
+            1
+        }
+    }
+}
+
+/// `talon up`.
+#[cfg(feature = "server")]
+async fn up(args: UpArgs) -> i32 {
+    let relaxed_ttl = match ttl_secs(args.relaxed_ttl) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("talon: up: {e}");
+            return 1;
+        }
+    };
+    let opts = crate::up::UpOptions {
+        data_dir: args.data,
+        mountpoint: args.mountpoint,
+        listen: args.listen,
+        relaxed_ttl,
+        allow_other: args.allow_other,
+    };
+    match crate::up::run(opts, crate::fuse::shutdown_signal(), |line| {
+        eprintln!("{line}")
+    })
+    .await
+    {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("talon: up: {e}");
+            1
+        }
     }
 }
 
@@ -317,6 +473,16 @@ pub async fn run_with(
             if !write_status(client, out).await? {
                 ok = false;
             }
+        }
+        // These run without a client; see `run`.
+        Command::Mount(_) | Command::Umount { .. } => {
+            eprintln!("talon: mount and umount are run by `talon` itself, not over a client");
+            ok = false;
+        }
+        #[cfg(feature = "server")]
+        Command::Up(_) => {
+            eprintln!("talon: up is run by `talon` itself, not over a client");
+            ok = false;
         }
     }
     Ok(ok)

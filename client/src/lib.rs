@@ -23,6 +23,7 @@ pub mod cluster_map;
 pub mod data;
 pub mod dir;
 pub mod error;
+pub mod fuse;
 pub mod file;
 pub mod import;
 pub mod options;
@@ -32,6 +33,8 @@ pub mod paths;
 pub mod router;
 pub mod transfer;
 pub mod types;
+#[cfg(feature = "server")]
+pub mod up;
 
 pub use client::Client;
 pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};

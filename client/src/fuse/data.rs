@@ -1,0 +1,153 @@
+//! The mount's bridge to the client's file data API: one [`DataHandle`] per open file,
+//! wrapping a [`File`](crate::file::File).
+//!
+//! The mount never stores or caches file contents itself: every read, write, truncate and
+//! commit goes through the `File`, which owns the data path (small-file bodies in memory,
+//! chunks, commits that switch the contents atomically). The kernel's open maps onto it as:
+//!
+//! - `open`/`create` open the `File` (a small file's body comes with the open reply);
+//! - `write` buffers in the `File`; `flush` (every `close(2)`), `fsync` and `release`
+//!   commit, so after `close` returns every later open anywhere sees the new contents
+//!   (close-to-open);
+//! - O_APPEND and O_TRUNC are the kernel's business: it passes append offsets in each
+//!   write and truncates with a `setattr` before the open.
+//!
+//! A `File` is used by one caller at a time, so requests on one handle take turns; different
+//! handles, even of one inode, proceed in parallel.
+
+use crate::client::Client;
+use crate::file::{File, OpenOptions};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use talon_model::{Attr, Errno, Ino, TalonError};
+use tokio::sync::Mutex;
+
+/// The data side of one open file.
+pub(crate) struct DataHandle {
+    ino: Ino,
+    /// `None` once closed.
+    file: Mutex<Option<File>>,
+    /// Whether the `File` holds writes not yet committed, and the size they give it; read
+    /// without waiting for the lock by `getattr`.
+    dirty: AtomicBool,
+    size: AtomicU64,
+}
+
+fn closed(ino: Ino) -> TalonError {
+    TalonError::posix(
+        Errno(libc::EBADF),
+        format!("inode {ino}: handle already closed"),
+    )
+}
+
+impl DataHandle {
+    /// Opens `ino`'s contents with the kernel's open `flags`.
+    pub async fn open(client: &Client, ino: Ino, flags: i32) -> Result<DataHandle, TalonError> {
+        let acc = flags & libc::O_ACCMODE;
+        let opts = OpenOptions {
+            read: acc != libc::O_WRONLY,
+            write: acc != libc::O_RDONLY,
+            ..OpenOptions::default()
+        };
+        let file = client.open_ino(ino, opts).await?;
+        Ok(DataHandle {
+            ino,
+            file: Mutex::new(Some(file)),
+            dirty: AtomicBool::new(false),
+            size: AtomicU64::new(0),
+        })
+    }
+
+    /// Records the `File`'s size after a change.
+    async fn note_change(&self, f: &mut File) -> Result<(), TalonError> {
+        let size = f.len().await?;
+        self.size.store(size, Ordering::Release);
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Up to `len` bytes at `offset` (fewer only at the end of the file).
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, TalonError> {
+        let mut g = self.file.lock().await;
+        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        f.read_at(offset, u64::from(len)).await
+    }
+
+    /// Writes `data` at `offset`; returns the bytes taken.
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<u32, TalonError> {
+        let n = u32::try_from(data.len())
+            .map_err(|_| TalonError::posix(Errno::EINVAL, "write larger than 4 GiB"))?;
+        let mut g = self.file.lock().await;
+        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        f.write_at(offset, data).await?;
+        self.note_change(f).await?;
+        Ok(n)
+    }
+
+    /// The size this handle has made the file, while it holds writes the cluster has not
+    /// committed yet; `None` when the cluster's size is current.
+    pub fn pending_size(&self) -> Option<u64> {
+        self.dirty
+            .load(Ordering::Acquire)
+            .then(|| self.size.load(Ordering::Acquire))
+    }
+
+    /// The attributes as this handle sees them (its size includes uncommitted writes).
+    pub async fn metadata(&self) -> Result<Attr, TalonError> {
+        let mut g = self.file.lock().await;
+        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        f.metadata().await
+    }
+
+    /// Called before the file's last name is removed. POSIX keeps an unlinked file
+    /// readable through open handles; a small file's whole body is already in the `File`,
+    /// so nothing needs fetching. (A chunked file's chunks are read from the cluster as
+    /// long as it keeps them.)
+    pub async fn detach(&self) -> Result<(), TalonError> {
+        Ok(())
+    }
+
+    /// Truncates or extends the file to `size`.
+    pub async fn set_len(&self, size: u64) -> Result<(), TalonError> {
+        let mut g = self.file.lock().await;
+        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        f.set_len(size).await?;
+        self.note_change(f).await
+    }
+
+    /// Commits what was written, so a later open anywhere sees it (close-to-open).
+    pub async fn flush(&self) -> Result<(), TalonError> {
+        let mut g = self.file.lock().await;
+        let Some(f) = g.as_mut() else {
+            return Ok(());
+        };
+        f.flush().await?;
+        self.dirty.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Commits what was written, durably (a commit is replicated when it returns).
+    pub async fn fsync(&self) -> Result<(), TalonError> {
+        let mut g = self.file.lock().await;
+        let Some(f) = g.as_mut() else {
+            return Ok(());
+        };
+        f.sync_all().await?;
+        self.dirty.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// The last close of this handle: commits anything left.
+    pub async fn close(&self) -> Result<(), TalonError> {
+        let Some(f) = self.file.lock().await.take() else {
+            return Ok(());
+        };
+        let r = f.close().await;
+        self.dirty.store(false, Ordering::Release);
+        r
+    }
+}
+
+/// Truncates or extends `ino` to `size` without an open handle (`truncate(2)`).
+pub(crate) async fn truncate(client: &Client, ino: Ino, size: u64) -> Result<(), TalonError> {
+    client.truncate(ino, size).await.map(|_| ())
+}

@@ -1,0 +1,1113 @@
+//! [`TalonFs`]: the kernel's FUSE requests, each answered from a task on the client's tokio
+//! runtime.
+//!
+//! The FUSE session thread only decodes a request, copies what it needs out of it and
+//! spawns a task that owns the `Reply*` object; it never waits for the cluster, so as many
+//! requests can be in flight as the kernel sends (it bounds them itself). Ordering between
+//! requests is the kernel's business: it already serialises what POSIX requires (a write
+//! returns before the `close` that flushes it, directory operations on one name hold its
+//! lock), and the mount adds no ordering of its own beyond one lock per open directory.
+//!
+//! What the mount keeps per inode is only what the kernel cannot: open file and directory
+//! handles ([`handles`](super::handles)). Inode numbers are Talon's, unchanged (both number
+//! the root 1), and never reused, so `forget` has nothing to release.
+//!
+//! Caching: entries and attributes of relaxed inodes carry the relaxed TTL (by default the
+//! cluster's staleness bound), strict ones a zero TTL, so every access to a strict path asks
+//! the cluster and sees its linearizable state. Relaxed files keep the page cache across
+//! opens; the kernel drops it when it sees the size or mtime change (`FUSE_AUTO_INVAL_DATA`).
+//!
+//! Permissions are checked by the kernel from the mode bits (`default_permissions`); the
+//! mount passes the caller's uid and gid as the owner of what it creates.
+
+use super::convert::{errno, file_attr, file_type, mknod_kind, talon_time, Ttls};
+use super::data::{self, DataHandle};
+use super::handles::{DirListing, HandleTable, ListedEntry};
+use crate::client::Client;
+use crate::types::{CreateSpec, RenameFlags, SetAttr, TimeSet, XattrFlags};
+use dashmap::DashMap;
+use fuser::{
+    AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
+
+/// Entries fetched per ReadDir RPC for a listing; the kernel takes them a buffer at a time.
+const READDIR_PAGE: u32 = 512;
+
+/// The virtual xattr showing (and, on an empty directory, setting) a directory's class.
+pub const CLASS_XATTR: &[u8] = b"user.talon.class";
+
+/// Xattr namespaces stored as given. Others (`system.*` ACLs, names without a namespace
+/// such as Talon's internal `talon.*`) are not supported, as on a file system without ACLs.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// Block size and free space that `statfs` reports: Talon has no fixed capacity, so free
+/// space is shown as a large constant (1 PiB, 2^40 inodes), as other cluster file systems do.
+const STATFS_BSIZE: u64 = 4096;
+const STATFS_FREE_BLOCKS: u64 = 1 << 38;
+const STATFS_FREE_INODES: u64 = 1 << 40;
+
+/// One open regular file.
+pub(crate) struct OpenFile {
+    ino: Ino,
+    writable: bool,
+    data: DataHandle,
+}
+
+/// State shared by the session thread and the request tasks.
+pub(crate) struct Shared {
+    client: Client,
+    rt: tokio::runtime::Handle,
+    ttls: Ttls,
+    files: HandleTable<OpenFile>,
+    dirs: HandleTable<tokio::sync::Mutex<DirListing>>,
+    /// Open file handles of each inode, to read a writer's size and to find them on unlink.
+    open_inos: DashMap<Ino, Vec<u64>>,
+    strict_prefixes: Vec<String>,
+}
+
+/// The FUSE file system of one mount.
+pub struct TalonFs {
+    s: Arc<Shared>,
+}
+
+impl TalonFs {
+    /// A file system over `client`, answering requests on runtime `rt`. Relaxed entries and
+    /// attributes are cached by the kernel for `relaxed_ttl`.
+    pub fn new(client: Client, rt: tokio::runtime::Handle, relaxed_ttl: Duration) -> TalonFs {
+        let strict_prefixes = client.cluster_map().strict_prefixes;
+        TalonFs {
+            s: Arc::new(Shared {
+                client,
+                rt,
+                ttls: Ttls {
+                    relaxed: relaxed_ttl,
+                },
+                files: HandleTable::new(),
+                dirs: HandleTable::new(),
+                open_inos: DashMap::new(),
+                strict_prefixes,
+            }),
+        }
+    }
+
+    /// Runs `f` on the runtime; its reply is sent from there.
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let s = self.s.clone();
+        self.s.rt.spawn(f(s));
+    }
+}
+
+fn name_of(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+fn ino(n: INodeNo) -> Ino {
+    Ino(n.0)
+}
+
+fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
+    TalonError::posix(errno, msg)
+}
+
+/// ENOENT for an inode the kernel named by number becomes ESTALE: the inode went away
+/// between the kernel's lookup and this call (a rename replaced it, say), and on ESTALE the
+/// kernel looks the path up again and retries, as it does for NFS, instead of failing an
+/// `open` or `stat` of a name that exists.
+fn stale(e: TalonError) -> TalonError {
+    if e.errno() == Errno::ENOENT {
+        posix(Errno(libc::ESTALE), e.to_string())
+    } else {
+        e
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(talon_time(t)),
+    }
+}
+
+/// Whether a caller with `uid`/`gid` may access `a` as `mask` (R_OK/W_OK/X_OK bits) asks.
+/// Supplementary groups are not known to FUSE and are not considered.
+pub(crate) fn permitted(a: &Attr, uid: u32, gid: u32, mask: u32) -> bool {
+    let mask = mask & 7;
+    if uid == 0 {
+        // Root may read and write anything, and execute what anyone may execute.
+        return mask & 1 == 0 || a.kind == FileKind::Directory || a.perm & 0o111 != 0;
+    }
+    let bits = if uid == a.uid {
+        a.perm >> 6
+    } else if gid == a.gid {
+        a.perm >> 3
+    } else {
+        a.perm
+    } & 7;
+    mask & !bits == 0
+}
+
+/// The reply to an xattr read: its size when the caller asked for 0 bytes, ERANGE when the
+/// caller's buffer is too small, else the bytes.
+fn reply_xattr(reply: ReplyXattr, size: u32, value: &[u8]) {
+    match u32::try_from(value.len()) {
+        Ok(len) if size == 0 => reply.size(len),
+        Ok(len) if len <= size => reply.data(value),
+        _ => reply.error(fuser::Errno::from_i32(libc::ERANGE)),
+    }
+}
+
+fn xattr_supported(name: &[u8]) -> bool {
+    XATTR_NAMESPACES.iter().any(|ns| name.starts_with(ns))
+}
+
+impl Shared {
+    fn entry(&self, reply: ReplyEntry, a: &Attr) {
+        let ttl = self.ttls.of(a.class);
+        reply.entry(&ttl, &file_attr(a), Generation(0));
+    }
+
+    fn attr(&self, reply: ReplyAttr, a: &Attr) {
+        reply.attr(&self.ttls.of(a.class), &file_attr(a));
+    }
+
+    /// `a` with the size an open writer of this mount has made, which the cluster only
+    /// learns at flush; the kernel must not see the file shrink under its writer.
+    fn with_open_size(&self, mut a: Attr) -> Attr {
+        if let Some(fhs) = self.open_inos.get(&a.ino) {
+            for fh in fhs.iter() {
+                if let Some(size) = self.files.get(*fh).and_then(|f| f.data.pending_size()) {
+                    a.size = size;
+                }
+            }
+        }
+        a
+    }
+
+    async fn getattr(&self, i: Ino) -> Result<Attr, TalonError> {
+        match self.client.getattr(i).await {
+            Ok(a) => Ok(self.with_open_size(a)),
+            // Unlinked while open here: the open handle still knows the file.
+            Err(e) if e.errno() == Errno::ENOENT => match self.any_handle(i) {
+                Some(f) => {
+                    let mut a = f.data.metadata().await?;
+                    a.nlink = 0;
+                    Ok(a)
+                }
+                None => Err(stale(e)),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Any open handle of `i` in this mount.
+    fn any_handle(&self, i: Ino) -> Option<Arc<OpenFile>> {
+        let fhs = self.open_inos.get(&i)?;
+        fhs.iter().find_map(|fh| self.files.get(*fh))
+    }
+
+    /// A writable open handle of `i` in this mount, if any.
+    fn open_writer(&self, i: Ino) -> Option<Arc<OpenFile>> {
+        let fhs = self.open_inos.get(&i)?;
+        fhs.iter()
+            .filter_map(|fh| self.files.get(*fh))
+            .find(|f| f.writable)
+    }
+
+    /// The class a new directory `name` in `parent` gets: strict when its path is one of
+    /// the cluster's strict prefixes, else inherited (`None`).
+    async fn mkdir_class(&self, parent: Ino, name: &[u8]) -> Option<Class> {
+        for prefix in &self.strict_prefixes {
+            let comps: Vec<&[u8]> = prefix
+                .as_bytes()
+                .split(|&b| b == b'/')
+                .filter(|c| !c.is_empty())
+                .collect();
+            let Some((last, dir)) = comps.split_last() else {
+                continue;
+            };
+            if *last != name {
+                continue;
+            }
+            let dir_path = format!("/{}", String::from_utf8_lossy(&dir.join(&b'/')));
+            if let Ok(a) = self.client.stat(dir_path.as_bytes()).await {
+                if a.ino == parent {
+                    return Some(Class::Strict);
+                }
+            }
+        }
+        None
+    }
+
+    /// Opens regular file `i` with the kernel's `flags`: one RPC, which also brings a small
+    /// file's body. Returns the handle, the open flags for the kernel and the attributes.
+    async fn open_file(&self, i: Ino, flags: i32) -> Result<(u64, FopenFlags, Attr), TalonError> {
+        let data = DataHandle::open(&self.client, i, flags).await?;
+        let attr = data.metadata().await?;
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let fh = self.files.insert(OpenFile {
+            ino: i,
+            writable,
+            data,
+        });
+        self.open_inos.entry(i).or_default().push(fh);
+        // Relaxed files may keep their page cache across opens (the kernel still drops it
+        // when it sees the size or mtime change); strict ones start afresh on every open,
+        // which together with the flush at close gives close-to-open consistency.
+        let flags = match attr.class {
+            Class::Relaxed => FopenFlags::FOPEN_KEEP_CACHE,
+            Class::Strict => FopenFlags::empty(),
+        };
+        Ok((fh, flags, attr))
+    }
+
+    fn forget_handle(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        let f = self.files.remove(fh)?;
+        if let Some(mut fhs) = self.open_inos.get_mut(&f.ino) {
+            fhs.retain(|h| *h != fh);
+        }
+        self.open_inos.remove_if(&f.ino, |_, fhs| fhs.is_empty());
+        Some(f)
+    }
+
+    /// Before the last name of `victim` in `parent` goes away (unlink, or a rename over
+    /// it), lets this mount's open handles of it keep their contents: POSIX keeps an
+    /// unlinked file readable through open descriptors until they are closed.
+    async fn preserve_open(&self, parent: Ino, name: &[u8]) {
+        if self.open_inos.is_empty() {
+            return;
+        }
+        let Ok(a) = self.client.lookup(parent, name).await else {
+            return;
+        };
+        let handles: Vec<Arc<OpenFile>> = match self.open_inos.get(&a.ino) {
+            Some(fhs) => fhs.iter().filter_map(|fh| self.files.get(*fh)).collect(),
+            None => return,
+        };
+        for f in handles {
+            if let Err(e) = f.data.detach().await {
+                tracing::warn!(ino = %f.ino, "keep an unlinked file's contents: {e}");
+            }
+        }
+    }
+}
+
+impl Filesystem for TalonFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_BIG_WRITES,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                tracing::debug!("kernel lacks FUSE capability {cap:?}");
+            }
+        }
+        // Big requests: a 110 KB image is one read and one write.
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_background(256);
+        let _ = config.set_congestion_threshold(192);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        // The kernel releases every handle before a normal unmount; after a lazy one, or
+        // if the session ends abruptly, close what is left so nothing written is lost.
+        let s = self.s.clone();
+        let files = s.files.drain();
+        if files.is_empty() {
+            return;
+        }
+        let rt = s.rt.clone();
+        let closing = async move {
+            for f in files {
+                if let Err(e) = f.data.close().await {
+                    tracing::warn!(ino = %f.ino, "close at unmount: {e}");
+                }
+            }
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            rt.spawn(closing);
+        } else {
+            rt.block_on(closing);
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name_of(name);
+        self.spawn(move |s| async move {
+            match s.client.lookup(ino(parent), &name).await {
+                Ok(a) => {
+                    let a = s.with_open_size(a);
+                    s.entry(reply, &a)
+                }
+                Err(e) => reply.error(errno("lookup", &e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // Inos are Talon's own and never reused; nothing is kept per looked-up inode.
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(move |s| async move {
+            match s.getattr(ino(i)).await {
+                Ok(a) => s.attr(reply, &a),
+                Err(e) => reply.error(errno("getattr", &e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.spawn(move |s| async move {
+            let i = ino(i);
+            let r = async {
+                if let Some(size) = size {
+                    // Through the handle that is writing, if any, so its buffered writes
+                    // and the truncate apply in order.
+                    let handle = fh
+                        .and_then(|fh| s.files.get(fh.0))
+                        .or_else(|| s.open_writer(i));
+                    match handle {
+                        Some(f) => f.data.set_len(size).await?,
+                        None => data::truncate(&s.client, i, size).await?,
+                    }
+                }
+                let set = SetAttr {
+                    perm: mode.map(|m| m & 0o7777),
+                    uid,
+                    gid,
+                    size: None,
+                    atime: atime.map(time_set),
+                    mtime: mtime.map(time_set),
+                };
+                let changes = set.perm.is_some()
+                    || set.uid.is_some()
+                    || set.gid.is_some()
+                    || set.atime.is_some()
+                    || set.mtime.is_some();
+                if changes {
+                    Ok(s.with_open_size(s.client.setattr(i, set).await?))
+                } else {
+                    s.getattr(i).await
+                }
+            };
+            match r.await {
+                Ok(a) => s.attr(reply, &a),
+                Err(e) => reply.error(errno("setattr", &e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        self.spawn(move |s| async move {
+            match s.client.readlink(ino(i)).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno("readlink", &e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name_of(name);
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |s| async move {
+            let Some(kind) = mknod_kind(mode) else {
+                return reply.error(fuser::Errno::from_i32(libc::EINVAL));
+            };
+            let spec = CreateSpec {
+                owner: Some(owner),
+                ..CreateSpec::node(kind, mode & !umask & 0o7777, u64::from(rdev))
+            };
+            match s.client.create(ino(parent), &name, spec).await {
+                Ok(a) => s.entry(reply, &a),
+                Err(e) => reply.error(errno("mknod", &e)),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = name_of(name);
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |s| async move {
+            let parent = ino(parent);
+            let class = s.mkdir_class(parent, &name).await;
+            let spec = CreateSpec {
+                owner: Some(owner),
+                ..CreateSpec::dir(mode & !umask & 0o7777, class)
+            };
+            match s.client.create(parent, &name, spec).await {
+                Ok(a) => s.entry(reply, &a),
+                Err(e) => reply.error(errno("mkdir", &e)),
+            }
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_of(name);
+        self.spawn(move |s| async move {
+            s.preserve_open(ino(parent), &name).await;
+            match s.client.remove(ino(parent), &name, false).await {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno("unlink", &e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_of(name);
+        self.spawn(move |s| async move {
+            match s.client.remove(ino(parent), &name, true).await {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno("rmdir", &e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let name = name_of(link_name);
+        let target = target.as_os_str().as_bytes().to_vec();
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |s| async move {
+            let spec = CreateSpec {
+                owner: Some(owner),
+                ..CreateSpec::symlink(target)
+            };
+            match s.client.create(ino(parent), &name, spec).await {
+                Ok(a) => s.entry(reply, &a),
+                Err(e) => reply.error(errno("symlink", &e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (name, newname) = (name_of(name), name_of(newname));
+        self.spawn(move |s| async move {
+            let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+            if !known.contains(flags) {
+                // RENAME_WHITEOUT is for overlay file systems.
+                return reply.error(fuser::Errno::from_i32(libc::EINVAL));
+            }
+            let flags = RenameFlags {
+                noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+                exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            };
+            if !flags.exchange {
+                s.preserve_open(ino(newparent), &newname).await;
+            }
+            match s
+                .client
+                .rename_entry(ino(parent), &name, ino(newparent), &newname, flags)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("rename", &e)),
+            }
+        });
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let name = name_of(newname);
+        self.spawn(move |s| async move {
+            match s.client.link(ino(i), ino(newparent), &name).await {
+                Ok(a) => {
+                    let a = s.with_open_size(a);
+                    s.entry(reply, &a)
+                }
+                Err(e) => reply.error(errno("link", &e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(move |s| async move {
+            // The kernel opens directories with opendir; the File refuses anything but a
+            // regular file (EISDIR).
+            match s.open_file(ino(i), flags.0).await.map_err(stale) {
+                Ok((fh, f, _)) => reply.opened(FileHandle(fh), f),
+                Err(e) => reply.error(errno("open", &e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(f) = s.files.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            match f.data.read(offset, size).await {
+                Ok(bytes) => reply.data(&bytes),
+                Err(e) => reply.error(errno("read", &e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.spawn(move |s| async move {
+            let Some(f) = s.files.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            match f.data.write(offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno("write", &e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(f) = s.files.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            match f.data.flush().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("flush", &e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(f) = s.forget_handle(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            match f.data.close().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("release", &e)),
+            }
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(f) = s.files.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            match f.data.fsync().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("fsync", &e)),
+            }
+        });
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(move |s| async move {
+            match s.client.getattr(ino(i)).await.map_err(stale) {
+                Ok(a) if a.kind != FileKind::Directory => {
+                    reply.error(fuser::Errno::from_i32(libc::ENOTDIR))
+                }
+                Ok(a) => {
+                    // The root's parent is itself.
+                    let parent = if a.parent.0 == 0 { a.ino } else { a.parent };
+                    let fh = s
+                        .dirs
+                        .insert(tokio::sync::Mutex::new(DirListing::new(a, parent)));
+                    reply.opened(FileHandle(fh), FopenFlags::empty())
+                }
+                Err(e) => reply.error(errno("opendir", &e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(listing) = s.dirs.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            let mut listing = listing.lock().await;
+            let client = s.client.clone();
+            let dir = ino(i);
+            let fetch = |c| {
+                let client = client.clone();
+                async move { client.readdir_page(dir, &c, READDIR_PAGE, true).await }
+            };
+            match listing.entries_from(offset, fetch).await {
+                Ok(entries) => {
+                    for (off, e) in entries {
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(INodeNo(e.ino.0), off + 1, file_type(e.kind), name) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno("readdir", &e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.spawn(move |s| async move {
+            let Some(listing) = s.dirs.get(fh.0) else {
+                return reply.error(fuser::Errno::from_i32(libc::EBADF));
+            };
+            let mut listing = listing.lock().await;
+            let client = s.client.clone();
+            let dir = ino(i);
+            let fetch = |c| {
+                let client = client.clone();
+                async move { client.readdir_page(dir, &c, READDIR_PAGE, true).await }
+            };
+            let entries = match listing.entries_from(offset, fetch).await {
+                Ok(entries) => entries,
+                Err(e) => return reply.error(errno("readdirplus", &e)),
+            };
+            for (off, e) in entries {
+                let attr = match e.attr.clone() {
+                    Some(a) => s.with_open_size(a),
+                    // `..` (the kernel does not link `.` and `..` from a readdirplus, so
+                    // their attributes only need to be well formed).
+                    None if e.name == b".." => Attr {
+                        ino: e.ino,
+                        ..listing.dir.clone()
+                    },
+                    None => match s.getattr(e.ino).await {
+                        Ok(a) => a,
+                        // Gone since the page was read: leave it out.
+                        Err(_) => continue,
+                    },
+                };
+                let ListedEntry {
+                    name, ino: eino, ..
+                } = e;
+                let ttl = s.ttls.of(attr.class);
+                let full = reply.add(
+                    INodeNo(eino.0),
+                    off + 1,
+                    OsStr::from_bytes(&name),
+                    &ttl,
+                    &file_attr(&attr),
+                    Generation(0),
+                );
+                if full {
+                    break;
+                }
+            }
+            reply.ok()
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.s.dirs.remove(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Namespace changes are committed through Raft before they are acknowledged.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        self.spawn(move |s| async move {
+            match s.client.statfs().await {
+                Ok(st) => {
+                    let used = st.bytes.div_ceil(STATFS_BSIZE);
+                    reply.statfs(
+                        used + STATFS_FREE_BLOCKS,
+                        STATFS_FREE_BLOCKS,
+                        STATFS_FREE_BLOCKS,
+                        st.inodes + STATFS_FREE_INODES,
+                        STATFS_FREE_INODES,
+                        STATFS_BSIZE as u32,
+                        talon_model::name::NAME_MAX as u32,
+                        STATFS_BSIZE as u32,
+                    )
+                }
+                Err(e) => reply.error(errno("statfs", &e)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let name = name_of(name);
+        let value = value.to_vec();
+        self.spawn(move |s| async move {
+            let r = async {
+                if position != 0 {
+                    return Err(posix(Errno::EINVAL, "xattr position"));
+                }
+                let flags = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
+                    0 => XattrFlags::Any,
+                    libc::XATTR_CREATE => XattrFlags::Create,
+                    libc::XATTR_REPLACE => XattrFlags::Replace,
+                    _ => return Err(posix(Errno::EINVAL, "XATTR_CREATE with XATTR_REPLACE")),
+                };
+                if name == CLASS_XATTR {
+                    let text = String::from_utf8_lossy(&value);
+                    let class: Class = text
+                        .trim_end_matches(['\n', '\0'])
+                        .parse()
+                        .map_err(|m: String| posix(Errno::EINVAL, m))?;
+                    return s.client.set_class(ino(i), class).await.map(|_| ());
+                }
+                if !xattr_supported(&name) {
+                    return Err(posix(Errno::ENOTSUP, "xattr namespace not supported"));
+                }
+                s.client.setxattr(ino(i), &name, &value, flags).await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("setxattr", &e)),
+            }
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_of(name);
+        self.spawn(move |s| async move {
+            let r = async {
+                if name == CLASS_XATTR {
+                    let a = s.client.getattr(ino(i)).await?;
+                    if a.kind != FileKind::Directory {
+                        return Err(posix(Errno::ENODATA, "only directories have a class"));
+                    }
+                    return Ok(a.class.as_str().as_bytes().to_vec());
+                }
+                if !xattr_supported(&name) {
+                    return Err(posix(Errno::ENODATA, "xattr namespace not supported"));
+                }
+                s.client.getxattr(ino(i), &name).await
+            };
+            match r.await {
+                Ok(v) => reply_xattr(reply, size, &v),
+                Err(e) => reply.error(errno("getxattr", &e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        self.spawn(move |s| async move {
+            match s.client.listxattr(ino(i)).await {
+                Ok(names) => {
+                    let mut list = Vec::new();
+                    for n in names.iter().filter(|n| xattr_supported(n)) {
+                        list.extend_from_slice(n);
+                        list.push(0);
+                    }
+                    reply_xattr(reply, size, &list)
+                }
+                Err(e) => reply.error(errno("listxattr", &e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name_of(name);
+        self.spawn(move |s| async move {
+            let r = async {
+                if name == CLASS_XATTR {
+                    return Err(posix(Errno::EPERM, "a directory always has a class"));
+                }
+                if !xattr_supported(&name) {
+                    return Err(posix(Errno::ENODATA, "xattr namespace not supported"));
+                }
+                s.client.removexattr(ino(i), &name).await
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("removexattr", &e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let (uid, gid) = (req.uid(), req.gid());
+        let mask = mask.bits() as u32;
+        self.spawn(move |s| async move {
+            match s.client.getattr(ino(i)).await {
+                Ok(a) if permitted(&a, uid, gid, mask) => reply.ok(),
+                Ok(_) => reply.error(fuser::Errno::from_i32(libc::EACCES)),
+                Err(e) => reply.error(errno("access", &e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = name_of(name);
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |s| async move {
+            let r = async {
+                if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(posix(Errno::EINVAL, "create of a non-regular file"));
+                }
+                let spec = CreateSpec {
+                    owner: Some(owner),
+                    exclusive: flags & libc::O_EXCL != 0,
+                    ..CreateSpec::file(mode & !umask & 0o7777)
+                };
+                let a = s.client.create(ino(parent), &name, spec).await?;
+                let (fh, fflags, a) = s.open_file(a.ino, flags).await?;
+                if flags & libc::O_TRUNC != 0 && a.size > 0 {
+                    // The name existed already (a create without O_EXCL opens it).
+                    if let Some(f) = s.files.get(fh) {
+                        f.data.set_len(0).await?;
+                    }
+                }
+                Ok((s.with_open_size(a), fh, fflags))
+            };
+            match r.await {
+                Ok((a, fh, fflags)) => {
+                    let ttl = s.ttls.of(a.class);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), fflags)
+                }
+                Err(e) => reply.error(errno("create", &e)),
+            }
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            let r = async {
+                if mode != 0 {
+                    // Hole punching, zeroing, collapsing: not supported.
+                    return Err(posix(Errno::ENOTSUP, "fallocate mode"));
+                }
+                let f = s
+                    .files
+                    .get(fh.0)
+                    .ok_or_else(|| posix(Errno(libc::EBADF), "no such handle"))?;
+                let end = offset
+                    .checked_add(length)
+                    .ok_or_else(|| posix(Errno::EFBIG, "fallocate past the largest size"))?;
+                let size = match f.data.pending_size() {
+                    Some(size) => size,
+                    None => s.client.getattr(f.ino).await?.size,
+                };
+                // Talon stores no blocks ahead of data: mode 0 only has to make the file
+                // at least `end` long.
+                if end > size {
+                    f.data.set_len(end).await?;
+                }
+                Ok(())
+            };
+            match r.await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno("fallocate", &e)),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use talon_model::Time;
+
+    fn attr(kind: FileKind, perm: u32, uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino: Ino(7),
+            kind,
+            perm,
+            uid,
+            gid,
+            size: 0,
+            nlink: 1,
+            atime: Time::default(),
+            mtime: Time::default(),
+            ctime: Time::default(),
+            crtime: Time::default(),
+            generation: 0,
+            class: Class::Relaxed,
+            rdev: 0,
+            parent: Ino(0),
+        }
+    }
+
+    #[test]
+    fn permission_bits_by_owner_group_other() {
+        let a = attr(FileKind::Regular, 0o640, 1000, 100);
+        assert!(permitted(&a, 1000, 5, 4 | 2));
+        assert!(!permitted(&a, 1000, 5, 1));
+        assert!(permitted(&a, 2000, 100, 4));
+        assert!(!permitted(&a, 2000, 100, 2));
+        assert!(!permitted(&a, 2000, 200, 4));
+        assert!(permitted(&a, 2000, 200, 0));
+        // Root reads and writes anything but executes only what someone may.
+        assert!(permitted(&a, 0, 0, 4 | 2));
+        assert!(!permitted(&a, 0, 0, 1));
+        assert!(permitted(&attr(FileKind::Directory, 0o700, 5, 5), 0, 0, 1));
+    }
+
+    #[test]
+    fn xattr_namespaces() {
+        assert!(xattr_supported(b"user.a"));
+        assert!(xattr_supported(b"security.capability"));
+        assert!(!xattr_supported(b"system.posix_acl_access"));
+        assert!(!xattr_supported(b"talon.symlink"));
+    }
+}

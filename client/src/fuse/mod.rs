@@ -1,0 +1,313 @@
+//! The FUSE mount: a Talon namespace as a local directory tree (`talon mount`, `talon up`).
+//!
+//! - [`fs`]: the kernel's requests, each answered from a task on the client's runtime.
+//! - [`handles`]: open files and directory listings (readdir offsets over Talon cursors).
+//! - [`convert`]: attributes, times, TTLs, and the one mapping of errors to errnos.
+//! - [`data`]: the bridge to the client's file data API.
+//!
+//! This module owns the mount's lifetime: it checks the mount point first (so a missing,
+//! non-directory or already mounted path is a clear error, not a kernel errno), mounts with
+//! `default_permissions` (the kernel checks mode bits) and optionally `allow_other`, and
+//! unmounts on shutdown, on drop of the [`Mount`] (also when a panic unwinds), or notices an
+//! external `fusermount3 -u`.
+
+pub mod convert;
+pub mod data;
+pub mod fs;
+pub mod handles;
+
+pub use fs::{TalonFs, CLASS_XATTR};
+
+use crate::client::Client;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Where to mount; must be an existing directory that is not a mount point already.
+    pub mountpoint: PathBuf,
+    /// How long the kernel caches entries and attributes of relaxed paths. `None` takes
+    /// the cluster's relaxed staleness bound. Strict paths are never cached.
+    pub relaxed_ttl: Option<Duration>,
+    /// Let users other than the one mounting use the mount (`allow_other`; root may always
+    /// set it, others need `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Threads reading requests from the kernel. Requests are answered from runtime tasks,
+    /// so one is enough to keep many in flight; more help only at very high request rates.
+    pub threads: usize,
+}
+
+impl MountOptions {
+    /// Options for mounting at `mountpoint`, with the defaults for the rest.
+    pub fn new(mountpoint: impl Into<PathBuf>) -> MountOptions {
+        MountOptions {
+            mountpoint: mountpoint.into(),
+            relaxed_ttl: None,
+            allow_other: false,
+            threads: 2,
+        }
+    }
+}
+
+/// Why a mount could not be made or ended.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// The mount point does not exist.
+    #[error("mount point {0} does not exist")]
+    Missing(PathBuf),
+    /// The mount point is not a directory.
+    #[error("mount point {0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// Something is mounted there already, or a dead FUSE mount is left there.
+    #[error("mount point {0} is busy: {1} (try `talon umount {0}`)")]
+    Busy(PathBuf, String),
+    /// The mount point cannot be examined.
+    #[error("mount point {0}: {1}")]
+    Inaccessible(PathBuf, std::io::Error),
+    /// The kernel or `fusermount3` refused.
+    #[error("mount {0}: {1}")]
+    Fuse(PathBuf, std::io::Error),
+    /// Unmounting failed.
+    #[error("unmount {0}: {1}")]
+    Unmount(PathBuf, String),
+}
+
+/// Checks that `path` can be mounted on; returns its absolute form.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::Missing(path.to_path_buf()))
+        }
+        // ENOTCONN: a FUSE mount whose process died is still attached there.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::Busy(
+                path.to_path_buf(),
+                "a disconnected FUSE mount is still attached".into(),
+            ))
+        }
+        Err(e) => return Err(MountError::Inaccessible(path.to_path_buf(), e)),
+    };
+    if !meta.is_dir() {
+        return Err(MountError::NotADirectory(path.to_path_buf()));
+    }
+    let abs =
+        std::fs::canonicalize(path).map_err(|e| MountError::Inaccessible(path.to_path_buf(), e))?;
+    if let Some(fstype) = mounted_at(&abs) {
+        return Err(MountError::Busy(
+            abs,
+            format!("a {fstype} file system is mounted there"),
+        ));
+    }
+    Ok(abs)
+}
+
+/// The type of the file system mounted exactly at `path`, if any (from the mount table).
+fn mounted_at(path: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = path.to_string_lossy();
+    table.lines().find_map(|line| {
+        // id parent major:minor root MOUNTPOINT options... - FSTYPE source options
+        let mut fields = line.split(' ');
+        let point = fields.nth(4)?;
+        if unescape_mount_path(point) != want {
+            return None;
+        }
+        let mut rest = line.split(" - ").nth(1)?.split(' ');
+        rest.next().map(str::to_string)
+    })
+}
+
+/// Undoes the octal escapes (`\040` for a space) of a path in the mount table.
+fn unescape_mount_path(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).and_then(|d| {
+            let d = std::str::from_utf8(d).ok()?;
+            u8::from_str_radix(d, 8).ok()
+        });
+        match (b[i], octal) {
+            (b'\\', Some(v)) => {
+                out.push(v);
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A live mount. Dropping it unmounts.
+pub struct Mount {
+    session: Option<fuser::BackgroundSession>,
+    mountpoint: PathBuf,
+}
+
+impl Mount {
+    /// Mounts `client`'s namespace as `opts` says; requests are answered on runtime `rt`.
+    /// Returns once the kernel has accepted the mount.
+    pub fn start(
+        client: Client,
+        opts: &MountOptions,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Mount, MountError> {
+        let mountpoint = check_mountpoint(&opts.mountpoint)?;
+        let ttl = opts
+            .relaxed_ttl
+            .unwrap_or(client.cluster_map().relaxed_staleness);
+        let fs = TalonFs::new(client, rt, ttl);
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName("talon".into()),
+            fuser::MountOption::Subtype("talon".into()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::Dev,
+            fuser::MountOption::Suid,
+        ];
+        if opts.allow_other {
+            config.acl = fuser::SessionACL::All;
+        }
+        config.n_threads = Some(opts.threads.max(1));
+        config.clone_fd = opts.threads > 1;
+        let session = fuser::spawn_mount(fs, &mountpoint, &config)
+            .map_err(|e| MountError::Fuse(mountpoint.clone(), e))?;
+        tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+        Ok(Mount {
+            session: Some(session),
+            mountpoint,
+        })
+    }
+
+    /// Where it is mounted.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// True once the session has ended (someone unmounted it from outside).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// Unmounts and waits for the session to end.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<(), MountError> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let r = if session.guard.is_finished() {
+            session.join()
+        } else {
+            session.umount_and_join()
+        };
+        r.map_err(|e| MountError::Unmount(self.mountpoint.clone(), e.to_string()))?;
+        tracing::info!(mountpoint = %self.mountpoint.display(), "unmounted");
+        Ok(())
+    }
+
+    /// Waits until `shutdown` resolves or the mount is unmounted from outside, then
+    /// unmounts (if still mounted).
+    pub async fn serve_until(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), MountError> {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tick.tick() => if self.is_finished() { break },
+            }
+        }
+        // Unmounting waits for the session thread; keep the runtime's workers free.
+        tokio::task::spawn_blocking(move || self.unmount_inner())
+            .await
+            .map_err(|e| MountError::Unmount(PathBuf::new(), e.to_string()))?
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount_inner() {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}
+
+/// Unmounts whatever FUSE mount is at `mountpoint` (`fusermount3 -u`), also one whose
+/// process died.
+pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(mountpoint).output().map_err(|e| {
+        MountError::Unmount(mountpoint.to_path_buf(), format!("run fusermount3: {e}"))
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(MountError::Unmount(
+            mountpoint.to_path_buf(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_table_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path(r"/x\"), r"/x\");
+    }
+
+    #[test]
+    fn bad_mount_points_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("nope");
+        assert!(matches!(
+            check_mountpoint(&missing),
+            Err(MountError::Missing(_))
+        ));
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").expect("write");
+        assert!(matches!(
+            check_mountpoint(&file),
+            Err(MountError::NotADirectory(_))
+        ));
+        assert!(check_mountpoint(dir.path()).is_ok());
+        assert!(matches!(
+            check_mountpoint(Path::new("/proc")),
+            Err(MountError::Busy(..))
+        ));
+    }
+}
