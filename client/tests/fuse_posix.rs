@@ -1,0 +1,444 @@
+//! POSIX behaviour through a real FUSE mount, checked with `std::fs` and system calls the
+//! way applications make them: open flags, positioned I/O, truncate, unlink of an open file,
+//! renames (over files and directories, with flags), links, symlinks, special files,
+//! attributes, permissions of another user, xattrs, and the errors tools rely on.
+
+mod fuse_support;
+
+use fuse_support::{errno, Mounted};
+use rustix::fs::{RenameFlags, XattrFlags, CWD};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+/// A user id without privileges, for the permission checks.
+const NOBODY: u32 = 65534;
+
+fn read(p: &std::path::Path) -> Vec<u8> {
+    fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+#[test]
+fn namespace_operations_and_their_errors() {
+    let m = Mounted::start();
+    fs::create_dir(m.path("d")).expect("mkdir");
+    assert_eq!(errno(fs::create_dir(m.path("d"))), libc::EEXIST);
+    fs::write(m.path("d/f"), b"").expect("create a file");
+    assert_eq!(errno(fs::remove_dir(m.path("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno(fs::remove_dir(m.path("d/f"))), libc::ENOTDIR);
+    assert_eq!(errno(fs::remove_file(m.path("d"))), libc::EISDIR);
+    assert_eq!(errno(fs::metadata(m.path("nope"))), libc::ENOENT);
+    assert_eq!(errno(File::open(m.path("d/f/x"))), libc::ENOTDIR);
+    let long = "x".repeat(256);
+    assert_eq!(errno(fs::write(m.path(&long), b"")), libc::ENAMETOOLONG);
+    fs::write(m.path(&"y".repeat(255)), b"").expect("a 255-byte name is fine");
+
+    // Directory link counts: 2 + subdirectories.
+    fs::create_dir(m.path("d/sub")).expect("mkdir sub");
+    // Directory attributes may follow their children within a bound.
+    assert!(fuse_support::eventually(Duration::from_secs(5), || {
+        fs::metadata(m.path("d")).map(|a| a.nlink()).unwrap_or(0) == 3
+    }));
+    fs::remove_file(m.path("d/f")).expect("unlink");
+    fs::remove_dir(m.path("d/sub")).expect("rmdir sub");
+    fs::remove_dir(m.path("d")).expect("rmdir");
+    assert_eq!(errno(fs::metadata(m.path("d"))), libc::ENOENT);
+
+    // mknod: a fifo and a socket-type node; the kernel reports their kinds.
+    rustix::fs::mknodat(
+        CWD,
+        m.path("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .expect("mkfifo");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::symlink_metadata(m.path("fifo"))
+        .expect("stat fifo")
+        .file_type()
+        .is_fifo());
+
+    // Listing a directory larger than one ReadDir page: every name once.
+    fs::create_dir(m.path("big")).expect("mkdir big");
+    let n = 1200;
+    for i in 0..n {
+        File::create(m.path(&format!("big/e{i:05}"))).expect("create");
+    }
+    let mut names: Vec<String> = fs::read_dir(m.path("big"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("e{i:05}")).collect();
+    assert_eq!(names, want);
+}
+
+#[test]
+fn open_flags_offsets_and_truncate() {
+    let m = Mounted::start();
+    let p = m.path("f");
+    fs::write(&p, b"hello world").expect("write");
+    assert_eq!(read(&p), b"hello world");
+
+    // O_CREAT|O_EXCL on an existing name.
+    let excl = OpenOptions::new().write(true).create_new(true).open(&p);
+    assert_eq!(errno(excl), libc::EEXIST);
+
+    // O_APPEND.
+    let mut f = OpenOptions::new()
+        .append(true)
+        .open(&p)
+        .expect("open append");
+    f.write_all(b"!!").expect("append");
+    drop(f);
+    assert_eq!(read(&p), b"hello world!!");
+
+    // Positioned writes, with a hole, and reads at offsets.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .expect("open rw");
+    f.write_all_at(b"HELLO", 0).expect("pwrite 0");
+    f.write_all_at(b"end", 20).expect("pwrite past the end");
+    let mut buf = [0u8; 5];
+    f.read_exact_at(&mut buf, 6).expect("pread");
+    assert_eq!(&buf, b"world");
+    assert_eq!(f.metadata().expect("fstat").len(), 23);
+    drop(f);
+    let mut want = b"HELLO world!!".to_vec();
+    want.resize(20, 0);
+    want.extend_from_slice(b"end");
+    assert_eq!(read(&p), want);
+
+    // O_TRUNC empties.
+    let f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&p)
+        .expect("open trunc");
+    drop(f);
+    assert_eq!(fs::metadata(&p).expect("stat").len(), 0);
+
+    // truncate(2) shrinks and extends with zeros.
+    fs::write(&p, b"0123456789").expect("write");
+    let f = OpenOptions::new().write(true).open(&p).expect("open");
+    f.set_len(4).expect("shrink");
+    drop(f);
+    assert_eq!(read(&p), b"0123");
+    let f = OpenOptions::new().write(true).open(&p).expect("open");
+    f.set_len(8).expect("extend");
+    drop(f);
+    assert_eq!(read(&p), b"0123\0\0\0\0");
+
+    // Streaming reads and seeks of a file larger than one kernel request.
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(m.path("big"), &big).expect("write big");
+    assert_eq!(read(&m.path("big")), big);
+    let mut f = File::open(m.path("big")).expect("open big");
+    f.seek(SeekFrom::Start(1_234_567)).expect("seek");
+    let mut part = vec![0u8; 100_000];
+    f.read_exact(&mut part).expect("read part");
+    assert_eq!(part, big[1_234_567..1_334_567]);
+
+    // fallocate mode 0 extends the size.
+    let f = OpenOptions::new().write(true).open(&p).expect("open");
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 100).expect("fallocate");
+    drop(f);
+    assert_eq!(fs::metadata(&p).expect("stat").len(), 100);
+}
+
+#[test]
+fn unlinked_open_file_stays_readable_until_closed() {
+    let m = Mounted::start();
+    let p = m.path("victim");
+    fs::write(&p, b"still here").expect("write");
+    let mut f = File::open(&p).expect("open");
+    fs::remove_file(&p).expect("unlink");
+    assert_eq!(errno(fs::metadata(&p)), libc::ENOENT);
+    let mut s = String::new();
+    f.read_to_string(&mut s).expect("read after unlink");
+    assert_eq!(s, "still here");
+    drop(f);
+
+    // Replaced by a rename while open: the old contents stay readable too.
+    fs::write(m.path("a"), b"old contents").expect("write a");
+    fs::write(m.path("b"), b"new").expect("write b");
+    let mut f = File::open(m.path("a")).expect("open a");
+    fs::rename(m.path("b"), m.path("a")).expect("rename over a");
+    let mut s = String::new();
+    f.read_to_string(&mut s).expect("read replaced");
+    assert_eq!(s, "old contents");
+    assert_eq!(read(&m.path("a")), b"new");
+}
+
+#[test]
+fn renames_links_and_symlinks() {
+    let m = Mounted::start();
+    // Over an existing file.
+    fs::write(m.path("a"), b"A").expect("write a");
+    fs::write(m.path("b"), b"B").expect("write b");
+    fs::rename(m.path("a"), m.path("b")).expect("rename over a file");
+    assert_eq!(read(&m.path("b")), b"A");
+    assert_eq!(errno(fs::metadata(m.path("a"))), libc::ENOENT);
+
+    // A directory with contents, into another directory (other partitions: never EXDEV).
+    fs::create_dir_all(m.path("src/inner")).expect("mkdir -p");
+    fs::write(m.path("src/inner/f"), b"deep").expect("write deep");
+    fs::create_dir(m.path("dst")).expect("mkdir dst");
+    fs::rename(m.path("src"), m.path("dst/moved")).expect("rename a directory");
+    assert_eq!(read(&m.path("dst/moved/inner/f")), b"deep");
+    assert_eq!(errno(fs::metadata(m.path("src"))), libc::ENOENT);
+
+    // Over an empty directory, and not over a non-empty one.
+    fs::create_dir(m.path("empty")).expect("mkdir empty");
+    fs::create_dir(m.path("full")).expect("mkdir full");
+    fs::write(m.path("full/x"), b"x").expect("write x");
+    fs::create_dir(m.path("d2")).expect("mkdir d2");
+    fs::rename(m.path("d2"), m.path("empty")).expect("rename over an empty dir");
+    assert_eq!(
+        errno(fs::rename(m.path("empty"), m.path("full"))),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(errno(fs::rename(m.path("b"), m.path("full"))), libc::EISDIR);
+    assert_eq!(
+        errno(fs::rename(m.path("full"), m.path("b"))),
+        libc::ENOTDIR
+    );
+
+    // renameat2 flags.
+    fs::write(m.path("p"), b"P").expect("write p");
+    fs::write(m.path("q"), b"Q").expect("write q");
+    let r = rustix::fs::renameat_with(CWD, m.path("p"), CWD, m.path("q"), RenameFlags::NOREPLACE);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::EEXIST));
+    rustix::fs::renameat_with(CWD, m.path("p"), CWD, m.path("q"), RenameFlags::EXCHANGE)
+        .expect("exchange");
+    assert_eq!(read(&m.path("p")), b"Q");
+    assert_eq!(read(&m.path("q")), b"P");
+
+    // Hard links and link counts.
+    fs::write(m.path("orig"), b"linked").expect("write orig");
+    fs::hard_link(m.path("orig"), m.path("dst/alias")).expect("link");
+    assert_eq!(fs::metadata(m.path("orig")).expect("stat").nlink(), 2);
+    assert_eq!(
+        fs::metadata(m.path("orig")).expect("stat").ino(),
+        fs::metadata(m.path("dst/alias")).expect("stat").ino()
+    );
+    fs::remove_file(m.path("orig")).expect("unlink one name");
+    assert_eq!(fs::metadata(m.path("dst/alias")).expect("stat").nlink(), 1);
+    assert_eq!(read(&m.path("dst/alias")), b"linked");
+    assert_eq!(
+        errno(fs::hard_link(m.path("dst"), m.path("dlink"))),
+        libc::EPERM
+    );
+
+    // Symlinks: relative and absolute targets, readlink, lstat.
+    std::os::unix::fs::symlink("dst/alias", m.path("rel")).expect("symlink");
+    assert_eq!(
+        fs::read_link(m.path("rel")).expect("readlink").to_str(),
+        Some("dst/alias")
+    );
+    assert_eq!(read(&m.path("rel")), b"linked");
+    assert!(fs::symlink_metadata(m.path("rel"))
+        .expect("lstat")
+        .file_type()
+        .is_symlink());
+    std::os::unix::fs::symlink("/nowhere/at/all", m.path("dangling")).expect("symlink");
+    assert_eq!(errno(fs::metadata(m.path("dangling"))), libc::ENOENT);
+}
+
+#[test]
+fn attributes_and_permissions_of_another_user() {
+    let m = Mounted::start();
+    let p = m.path("f");
+    fs::write(&p, b"secret").expect("write");
+
+    // chmod, chown, utimens.
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).expect("chmod");
+    assert_eq!(fs::metadata(&p).expect("stat").mode() & 0o7777, 0o600);
+    std::os::unix::fs::chown(&p, Some(1234), Some(5678)).expect("chown");
+    let a = fs::metadata(&p).expect("stat");
+    assert_eq!((a.uid(), a.gid()), (1234, 5678));
+    std::os::unix::fs::chown(&p, Some(0), Some(0)).expect("chown back");
+    let t = SystemTime::UNIX_EPOCH + Duration::new(1_600_000_000, 123_456_789);
+    let f = File::options().write(true).open(&p).expect("open");
+    f.set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+        .expect("utimens");
+    drop(f);
+    let a = fs::metadata(&p).expect("stat");
+    assert_eq!((a.mtime(), a.mtime_nsec()), (1_600_000_000, 123_456_789));
+    assert_eq!(a.atime(), 1_600_000_000);
+    // UTIME_NOW (what `touch` sends).
+    let st = Command::new("touch").arg(&p).status().expect("run touch");
+    assert!(st.success());
+    assert!(fs::metadata(&p).expect("stat").mtime() > 1_600_000_000);
+
+    // Created files belong to their creator.
+    fs::create_dir(m.path("pub")).expect("mkdir");
+    fs::set_permissions(m.path("pub"), fs::Permissions::from_mode(0o777)).expect("chmod 777");
+    let as_nobody = |script: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&m.root)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("run as nobody")
+    };
+    let out = as_nobody("echo mine > pub/made && stat -c '%u %g' pub/made");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{NOBODY} {NOBODY}")
+    );
+
+    // The kernel checks mode bits for other users.
+    assert!(
+        !as_nobody("cat f").status.success(),
+        "0600 root file is unreadable"
+    );
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod 644");
+    let out = as_nobody("cat f");
+    assert!(out.status.success());
+    assert_eq!(out.stdout, b"secret");
+    assert!(
+        !as_nobody("echo x >> f").status.success(),
+        "0644 is read-only to others"
+    );
+    assert!(
+        !as_nobody("touch newfile").status.success(),
+        "root dir is 0755"
+    );
+    fs::set_permissions(m.path("pub"), fs::Permissions::from_mode(0o755)).expect("chmod 755");
+    assert!(
+        !as_nobody("rm pub/made").status.success(),
+        "no write permission on the dir"
+    );
+    fs::set_permissions(m.path("pub"), fs::Permissions::from_mode(0o1777)).expect("sticky");
+    fs::write(m.path("pub/roots"), b"r").expect("write as root");
+    assert!(
+        !as_nobody("rm -f pub/roots").status.success(),
+        "sticky dir protects others' files"
+    );
+    assert!(
+        as_nobody("rm pub/made").status.success(),
+        "own file in a sticky dir"
+    );
+}
+
+#[test]
+fn extended_attributes() {
+    let m = Mounted::start();
+    let p = m.path("f");
+    fs::write(&p, b"x").expect("write");
+    rustix::fs::setxattr(&p, "user.color", b"blue", XattrFlags::empty()).expect("setxattr");
+    // Size probe, exact read, too small a buffer.
+    assert_eq!(
+        rustix::fs::getxattr_query(&p, "user.color").expect("probe"),
+        4
+    );
+    let mut buf = [0u8; 16];
+    let n = rustix::fs::getxattr(&p, "user.color", &mut buf[..]).expect("getxattr");
+    assert_eq!(&buf[..n], b"blue");
+    let mut small = [0u8; 2];
+    let r = rustix::fs::getxattr(&p, "user.color", &mut small[..]);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::ERANGE));
+    // Create/replace flags.
+    let r = rustix::fs::setxattr(&p, "user.color", b"red", XattrFlags::CREATE);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::EEXIST));
+    let r = rustix::fs::setxattr(&p, "user.size", b"9", XattrFlags::REPLACE);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::ENODATA));
+    rustix::fs::setxattr(&p, "user.size", b"9", XattrFlags::CREATE).expect("create xattr");
+    // List.
+    let mut list = [0u8; 256];
+    let n = rustix::fs::listxattr(&p, &mut list[..]).expect("listxattr");
+    let mut names: Vec<&[u8]> = list[..n]
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec![&b"user.color"[..], b"user.size"]);
+    let r = rustix::fs::listxattr(&p, &mut small[..]);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::ERANGE));
+    // Remove.
+    rustix::fs::removexattr(&p, "user.color").expect("removexattr");
+    let r = rustix::fs::getxattr(&p, "user.color", &mut buf[..]);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::ENODATA));
+
+    // Symlinks do not show Talon's internal target attribute.
+    std::os::unix::fs::symlink("f", m.path("l")).expect("symlink");
+    let n = rustix::fs::llistxattr(m.path("l"), &mut list[..]).expect("llistxattr");
+    assert_eq!(n, 0);
+
+    // A directory's class, through the virtual xattr.
+    fs::create_dir(m.path("d")).expect("mkdir");
+    let n = rustix::fs::getxattr(m.path("d"), "user.talon.class", &mut buf[..]).expect("class");
+    assert_eq!(&buf[..n], b"relaxed");
+    rustix::fs::setxattr(
+        m.path("d"),
+        "user.talon.class",
+        b"strict",
+        XattrFlags::empty(),
+    )
+    .expect("set the class of an empty dir");
+    let n = rustix::fs::getxattr(m.path("d"), "user.talon.class", &mut buf[..]).expect("class");
+    assert_eq!(&buf[..n], b"strict");
+    fs::write(m.path("d/x"), b"").expect("write into it");
+    let r = rustix::fs::setxattr(
+        m.path("d"),
+        "user.talon.class",
+        b"relaxed",
+        XattrFlags::empty(),
+    );
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(libc::ENOTEMPTY));
+    // A directory under a strict prefix is strict.
+    fs::create_dir(m.path("ckpt")).expect("mkdir ckpt");
+    let n = rustix::fs::getxattr(m.path("ckpt"), "user.talon.class", &mut buf[..]).expect("class");
+    assert_eq!(&buf[..n], b"strict");
+}
+
+#[test]
+fn statfs_and_other_views_of_the_mount() {
+    let m = Mounted::start();
+    fs::write(m.path("f"), vec![7u8; 10_000]).expect("write");
+    let st = rustix::fs::statvfs(&m.root).expect("statvfs");
+    assert!(st.f_files > 0 && st.f_ffree > 0 && st.f_bavail > 0);
+    assert_eq!(st.f_namemax, 255);
+    // Creating a file through the library shows in the mount (relaxed: within the TTL).
+    m.block_on(m.client.create_file("/from-lib", 0o644))
+        .expect("create via library");
+    assert!(fuse_support::eventually(Duration::from_secs(5), || m
+        .path("from-lib")
+        .exists()));
+    // And what the mount creates shows in the library.
+    fs::write(m.path("from-mount"), b"hi").expect("write");
+    let a = m
+        .block_on(m.client.stat("/from-mount"))
+        .expect("stat via library");
+    assert_eq!(a.size, 2);
+}
+
+#[test]
+fn file_opened_with_o_excl_in_open_mode() {
+    let m = Mounted::start();
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o640)
+        .open(m.path("new"))
+        .expect("create_new");
+    drop(f);
+    assert_eq!(
+        fs::metadata(m.path("new")).expect("stat").mode() & 0o777,
+        0o640
+    );
+}

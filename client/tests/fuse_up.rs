@@ -1,0 +1,156 @@
+//! The `talon` binary's mount commands, run as a user would: `talon up` serves and mounts,
+//! keeps what was written across a restart, and stops cleanly on SIGTERM; `talon mount`
+//! names a bad mount point clearly.
+
+mod fuse_support;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const TALON: &str = env!("CARGO_BIN_EXE_talon");
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// Kills (SIGKILL) and unmounts on drop, whatever happened to the test.
+struct Up {
+    child: Option<Child>,
+    mnt: std::path::PathBuf,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if fuse_support::is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}
+
+/// Starts `talon up` and waits until it says it has mounted.
+fn up(mnt: &Path, data: &Path, addr: &str) -> Up {
+    let mut child = Command::new(TALON)
+        .arg("up")
+        .arg(mnt)
+        .arg("--data")
+        .arg(data)
+        .args(["--listen", addr])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start talon up");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut guard = Up {
+        child: Some(child),
+        mnt: mnt.to_path_buf(),
+    };
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("mounted at") => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let status = guard.child.as_mut().and_then(|c| c.wait().ok());
+                panic!("talon up ended before mounting: {status:?}");
+            }
+        }
+    }
+    // Keep draining stderr so the process never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    guard
+}
+
+/// Sends SIGTERM and waits for a clean exit.
+fn stop(mut u: Up) {
+    let mut child = u.child.take().expect("running");
+    let st = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(st.success());
+    let status = child.wait().expect("wait for talon up");
+    assert!(status.success(), "talon up exit status {status:?}");
+    assert!(!fuse_support::is_mounted(&u.mnt), "unmounted on SIGTERM");
+}
+
+#[test]
+fn talon_up_serves_mounts_and_stops_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mnt, data) = (dir.path().join("mnt"), dir.path().join("data"));
+    let addr = free_addr();
+    let u = up(&mnt, &data, &addr);
+    let mnt = std::fs::canonicalize(&mnt).expect("mount point exists");
+    assert!(fuse_support::is_mounted(&mnt));
+    std::fs::create_dir(mnt.join("d")).expect("mkdir through the mount");
+    std::fs::write(mnt.join("d/hello"), b"world").expect("write through the mount");
+    // The other commands reach the embedded node.
+    let out = Command::new(TALON)
+        .args(["--cluster", &addr, "ls", "/d"])
+        .output()
+        .expect("talon ls");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello");
+    stop(u);
+
+    // Reopening the data directory keeps the namespace and the contents.
+    let u = up(&mnt, &data, &addr);
+    assert_eq!(
+        std::fs::read(mnt.join("d/hello")).expect("read after restart"),
+        b"world"
+    );
+    // `talon umount` ends the mount; `talon up` notices and exits.
+    let out = Command::new(TALON)
+        .arg("umount")
+        .arg(&mnt)
+        .output()
+        .expect("talon umount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut u = u;
+    let mut child = u.child.take().expect("running");
+    assert!(fuse_support::eventually(Duration::from_secs(10), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    }));
+}
+
+#[test]
+fn mount_names_a_bad_mount_point() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing");
+    let out = Command::new(TALON)
+        .args(["--cluster", "127.0.0.1:1", "mount"])
+        .arg(&missing)
+        .output()
+        .expect("talon mount");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").expect("write");
+    let out = Command::new(TALON)
+        .args(["--cluster", "127.0.0.1:1", "mount"])
+        .arg(&file)
+        .output()
+        .expect("talon mount");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+
+    let out = Command::new(TALON)
+        .args(["--cluster", "127.0.0.1:1", "mount", "/proc"])
+        .output()
+        .expect("talon mount");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
+}
