@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# mdtest-like comparison of a Talon FUSE mount with tmpfs and ext4 on a loop device
+# (and JuiceFS, when its `juicefs` binary is on PATH). Not a test: it prints a table.
+#
+# For each target and each file size (4 KiB, 110 KiB) and process count (1, 8), every
+# process creates FILES files in its own directory (create+write+close), then stats them
+# all, then opens, reads and closes them all; the rate of each phase is files per second
+# over all processes.
+#
+# Usage (as root; needs fusermount3, mkfs.ext4, python3):
+#   cargo build --release -p talon-client
+#   client/scripts/fuse-mdtest.sh [FILES_PER_PROCESS]
+# Environment: TALON (the talon binary, default target/release/talon), WORK (scratch
+# directory, default a new one under /tmp), LISTEN (talon up's address, default
+# 127.0.0.1:7101).
+set -euo pipefail
+
+FILES="${1:-2000}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+TARGET_DIR="${CARGO_TARGET_DIR:-$HERE/../../target}"
+TALON="${TALON:-$TARGET_DIR/release/talon}"
+WORK="${WORK:-$(mktemp -d /tmp/talon-mdtest.XXXXXX)}"
+LISTEN="${LISTEN:-127.0.0.1:7101}"
+PIDS=()
+MOUNTS=()
+
+cleanup() {
+  for m in "${MOUNTS[@]}"; do
+    fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# One phase driver, run per process: python keeps the per-file work to system calls.
+cat > "$WORK/phase.py" <<'PY'
+import os, sys, time
+phase, root, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+body = os.urandom(size)
+names = [os.path.join(root, "f%06d" % i) for i in range(n)]
+t = time.perf_counter()
+if phase == "create":
+    os.makedirs(root, exist_ok=True)
+    for p in names:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, body)
+        os.close(fd)
+elif phase == "stat":
+    for p in names:
+        os.stat(p)
+elif phase == "read":
+    for p in names:
+        fd = os.open(p, os.O_RDONLY)
+        while os.read(fd, 1 << 20):
+            pass
+        os.close(fd)
+elif phase == "remove":
+    for p in names:
+        os.unlink(p)
+    os.rmdir(root)
+print(time.perf_counter() - t)
+PY
+
+# run_phase DIR PHASE PROCS SIZE -> prints files/s
+run_phase() {
+  local dir="$1" phase="$2" procs="$3" size="$4" start end
+  start=$(date +%s.%N)
+  for p in $(seq 1 "$procs"); do
+    python3 "$WORK/phase.py" "$phase" "$dir/p$p" "$FILES" "$size" >/dev/null &
+  done
+  wait
+  end=$(date +%s.%N)
+  python3 -c "print(int($procs * $FILES / ($end - $start)))"
+}
+
+bench() {
+  local name="$1" dir="$2"
+  for size in 4096 112640; do
+    for procs in 1 8; do
+      local d="$dir/run-$size-$procs"
+      mkdir -p "$d"
+      sync
+      local c s r
+      c=$(run_phase "$d" create "$procs" "$size")
+      s=$(run_phase "$d" stat "$procs" "$size")
+      r=$(run_phase "$d" read "$procs" "$size")
+      run_phase "$d" remove "$procs" "$size" >/dev/null
+      printf "%-10s %8s %5s %12s %12s %12s\n" "$name" "$size" "$procs" "$c" "$s" "$r"
+    done
+  done
+}
+
+printf "%-10s %8s %5s %12s %12s %12s\n" target bytes procs create/s stat/s read/s
+
+# tmpfs
+mkdir -p "$WORK/tmpfs"
+mount -t tmpfs -o size=4g tmpfs "$WORK/tmpfs"
+MOUNTS+=("$WORK/tmpfs")
+bench tmpfs "$WORK/tmpfs"
+
+# ext4 on a loop device
+truncate -s 4G "$WORK/ext4.img"
+mkfs.ext4 -q "$WORK/ext4.img"
+mkdir -p "$WORK/ext4"
+mount -o loop "$WORK/ext4.img" "$WORK/ext4"
+MOUNTS+=("$WORK/ext4")
+bench ext4 "$WORK/ext4"
+
+# Talon: a single-node `talon up` in the scratch directory.
+mkdir -p "$WORK/talon-mnt"
+"$TALON" up "$WORK/talon-mnt" --data "$WORK/talon-data" --listen "$LISTEN" \
+  2>"$WORK/talon-up.log" &
+PIDS+=($!)
+MOUNTS+=("$WORK/talon-mnt")
+for _ in $(seq 1 100); do
+  grep -q "mounted at" "$WORK/talon-up.log" && break
+  sleep 0.2
+done
+grep -q "mounted at" "$WORK/talon-up.log" || { cat "$WORK/talon-up.log"; exit 1; }
+bench talon "$WORK/talon-mnt"
+
+# JuiceFS (optional): sqlite metadata, local object storage.
+if command -v juicefs >/dev/null; then
+  juicefs format "sqlite3://$WORK/jfs.db" --storage file --bucket "$WORK/jfs-bucket/" jfs \
+    >/dev/null 2>&1
+  mkdir -p "$WORK/jfs"
+  juicefs mount -d "sqlite3://$WORK/jfs.db" "$WORK/jfs" >/dev/null 2>&1
+  MOUNTS+=("$WORK/jfs")
+  bench juicefs "$WORK/jfs"
+fi
+echo "scratch: $WORK"
