@@ -494,7 +494,13 @@ impl RunningNode {
         let node = Node::open(config).await?;
         let cancel = node.cancel_token();
         let router = crate::service::router(node.clone());
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Connections from our own listener do not get the router's `tcp_nodelay`; without
+        // it a reply written in several segments (a small file's body) waits out the
+        // client's delayed ACK, some 40 ms.
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
+        );
         let server = tokio::spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
