@@ -60,7 +60,9 @@ fn imagenet_tree_copies_in_and_reads_back_identically() {
         started.elapsed()
     );
     let dst = m.path("train");
+    let started = Instant::now();
     run(Command::new("diff").arg("-r").arg(&src).arg(&dst));
+    eprintln!("diff -r took {:?}", started.elapsed());
 
     let count = |dir: &Path| {
         run(Command::new("sh")
@@ -87,7 +89,10 @@ fn imagenet_tree_copies_in_and_reads_back_identically() {
         names.sort();
         names
     };
+    let started = Instant::now();
     assert_eq!(list(&src), list(&dst));
+    eprintln!("tar took {:?}", started.elapsed());
+    let started = Instant::now();
 
     // Shuffled whole-file reads from several threads see the right bytes.
     let files: Vec<(std::path::PathBuf, std::path::PathBuf)> = (0..CLASSES)
@@ -109,6 +114,7 @@ fn imagenet_tree_copies_in_and_reads_back_identically() {
             });
         }
     });
+    eprintln!("threaded reads took {:?}", started.elapsed());
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! keeps what was written across a restart, and stops cleanly on SIGTERM; `talon mount`
 //! names a bad mount point clearly.
 
+#![cfg(feature = "server")]
+
 mod fuse_support;
 
 use std::io::{BufRead, BufReader};
