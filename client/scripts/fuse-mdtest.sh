@@ -20,6 +20,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 TARGET_DIR="${CARGO_TARGET_DIR:-$HERE/../../target}"
 TALON="${TALON:-$TARGET_DIR/release/talon}"
 WORK="${WORK:-$(mktemp -d /tmp/talon-mdtest.XXXXXX)}"
+mkdir -p "$WORK"
 LISTEN="${LISTEN:-127.0.0.1:7101}"
 PIDS=()
 MOUNTS=()
@@ -64,12 +65,13 @@ PY
 
 # run_phase DIR PHASE PROCS SIZE -> prints files/s
 run_phase() {
-  local dir="$1" phase="$2" procs="$3" size="$4" start end
+  local dir="$1" phase="$2" procs="$3" size="$4" start end pids=()
   start=$(date +%s.%N)
   for p in $(seq 1 "$procs"); do
     python3 "$WORK/phase.py" "$phase" "$dir/p$p" "$FILES" "$size" >/dev/null &
+    pids+=($!)
   done
-  wait
+  wait "${pids[@]}"
   end=$(date +%s.%N)
   python3 -c "print(int($procs * $FILES / ($end - $start)))"
 }

@@ -95,6 +95,17 @@ impl Mounted {
         self.root.join(rel.trim_start_matches('/'))
     }
 
+    /// Stops the node that leads partition `p` (the cluster must have more than one node);
+    /// returns its id.
+    pub fn stop_leader_of(&mut self, p: u32) -> u64 {
+        let cluster = self.cluster.as_mut().expect("running cluster");
+        self.rt.block_on(async {
+            let id = cluster.leader_of(p).await.expect("a leader");
+            cluster.stop_node(id).await;
+            id
+        })
+    }
+
     /// Runs `f` on the fixture's runtime.
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
