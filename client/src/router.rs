@@ -105,6 +105,10 @@ fn endpoint(addr: &str, opts: &ClientOptions) -> Result<Endpoint, String> {
             e.connect_timeout(opts.connect_timeout)
                 .timeout(opts.request_timeout)
                 .tcp_nodelay(true)
+                // HTTP/2's default 64 KiB windows cost a round trip per 64 KiB of a reply:
+                // a 110 KB image would wait for a window update mid-reply.
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(32 << 20))
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_while_idle(true)
         })

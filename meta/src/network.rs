@@ -87,6 +87,10 @@ impl Peers {
             .map_err(|e| PeerError::BadAddr(addr.clone(), e.to_string()))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
+            // Appends carry megabytes of file data: default 64 KiB HTTP/2 windows would
+            // stall them on window updates.
+            .initial_stream_window_size(Some(16 << 20))
+            .initial_connection_window_size(Some(64 << 20))
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
         let ch = ep.connect_lazy();

@@ -33,6 +33,9 @@ pub fn router(node: Arc<Node>) -> tonic::transport::server::Router {
         .max_encoding_message_size(crate::network::MAX_PEER_MESSAGE);
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // Large windows: file bodies and Raft appends are megabytes (see network.rs).
+        .initial_stream_window_size(Some(16 << 20))
+        .initial_connection_window_size(Some(64 << 20))
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .add_service(ns)
         .add_service(raft)
