@@ -71,6 +71,17 @@ pub fn home_dir_class(part: &Partition, dir: Ino) -> Result<Class, TalonError> {
     }
 }
 
+/// An inode's link count change (and, for a moved directory, its new parent), with ctime.
+fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
+    Op::AdjustInode {
+        ino,
+        nlink,
+        parent,
+        touch_mtime: false,
+        now,
+    }
+}
+
 fn outcome_attr(out: &BTreeMap<u32, crate::types::Outcome>, ino: Ino) -> Option<Attr> {
     out.values().find_map(|o| o.attr(ino).cloned())
 }
@@ -543,13 +554,7 @@ impl Node {
             parts
                 .entry(d.ino.home())
                 .or_default()
-                .push(Op::AdjustInode {
-                    ino: d.ino,
-                    nlink: -1,
-                    parent: None,
-                    touch_mtime: false,
-                    now,
-                });
+                .push(relink(d.ino, -1, None, now));
         }
         if parent.home() == p && parts.len() == 1 {
             if let Some(ops) = parts.get_mut(&p) {
@@ -746,13 +751,7 @@ impl Node {
             parts
                 .entry(src.ino.home())
                 .or_default()
-                .push(Op::AdjustInode {
-                    ino: src.ino,
-                    nlink: 0,
-                    parent: Some(dp),
-                    touch_mtime: false,
-                    now,
-                });
+                .push(relink(src.ino, 0, Some(dp), now));
             if sp != dp {
                 *nlink_delta.entry(sp).or_default() -= 1;
                 *nlink_delta.entry(dp).or_default() += 1;
@@ -761,13 +760,7 @@ impl Node {
             parts
                 .entry(src.ino.home())
                 .or_default()
-                .push(Op::AdjustInode {
-                    ino: src.ino,
-                    nlink: 0,
-                    parent: None,
-                    touch_mtime: false,
-                    now,
-                });
+                .push(relink(src.ino, 0, None, now));
         }
         if let Some(d) = &dst {
             if exchange {
@@ -776,13 +769,7 @@ impl Node {
                     parts
                         .entry(d.ino.home())
                         .or_default()
-                        .push(Op::AdjustInode {
-                            ino: d.ino,
-                            nlink: 0,
-                            parent: Some(sp),
-                            touch_mtime: false,
-                            now,
-                        });
+                        .push(relink(d.ino, 0, Some(sp), now));
                     if sp != dp {
                         *nlink_delta.entry(dp).or_default() -= 1;
                         *nlink_delta.entry(sp).or_default() += 1;
@@ -799,13 +786,7 @@ impl Node {
                 parts
                     .entry(d.ino.home())
                     .or_default()
-                    .push(Op::AdjustInode {
-                        ino: d.ino,
-                        nlink: -1,
-                        parent: None,
-                        touch_mtime: false,
-                        now,
-                    });
+                    .push(relink(d.ino, -1, None, now));
             }
         }
         if moves_dir {
@@ -902,13 +883,10 @@ impl Node {
                 kind: rec.attr.kind,
             },
         ]);
-        parts.entry(ino.home()).or_default().push(Op::AdjustInode {
-            ino,
-            nlink: 1,
-            parent: None,
-            touch_mtime: false,
-            now,
-        });
+        parts
+            .entry(ino.home())
+            .or_default()
+            .push(relink(ino, 1, None, now));
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
         self.touch_dir(np, 0, now);
         let attr = match outcome_attr(&out, ino) {
