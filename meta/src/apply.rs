@@ -131,6 +131,7 @@ pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 /// The state as a command sees it: DB, then the call's staged writes, then its own.
 pub struct View<'a> {
     db: &'a DB,
+    snap: Option<&'a rocksdb::Snapshot<'a>>,
     base: &'a Overlay,
     own: Overlay,
 }
@@ -140,8 +141,27 @@ impl<'a> View<'a> {
     pub fn new(db: &'a DB, base: &'a Overlay) -> View<'a> {
         View {
             db,
+            snap: None,
             base,
             own: Overlay::new(),
+        }
+    }
+
+    /// A read-only view of one point in time: every read sees `snap`, so reads of several
+    /// keys (an inode and its body) are consistent with each other.
+    pub fn at(db: &'a DB, snap: &'a rocksdb::Snapshot<'a>, base: &'a Overlay) -> View<'a> {
+        View {
+            db,
+            snap: Some(snap),
+            base,
+            own: Overlay::new(),
+        }
+    }
+
+    fn raw_iterator(&self) -> rocksdb::DBRawIterator<'a> {
+        match self.snap {
+            Some(s) => s.raw_iterator(),
+            None => self.db.raw_iterator(),
         }
     }
 
@@ -153,7 +173,10 @@ impl<'a> View<'a> {
         if let Some(v) = self.base.get(k) {
             return Ok(v.clone());
         }
-        Ok(self.db.get(k)?)
+        Ok(match self.snap {
+            Some(s) => s.get(k)?,
+            None => self.db.get(k)?,
+        })
     }
 
     fn staged(&self, k: &[u8]) -> Option<&Option<Vec<u8>>> {
@@ -171,7 +194,7 @@ impl<'a> View<'a> {
                 return Ok(true);
             }
         }
-        let mut it = self.db.raw_iterator();
+        let mut it = self.raw_iterator();
         it.seek(prefix);
         while let Some(k) = it.key() {
             if !k.starts_with(prefix) {
@@ -200,7 +223,7 @@ impl<'a> View<'a> {
     /// Keys with `prefix`, staged writes included (small prefixes only: xattrs, locks).
     pub fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, Fatal> {
         let mut out = std::collections::BTreeSet::new();
-        let mut it = self.db.raw_iterator();
+        let mut it = self.raw_iterator();
         it.seek(prefix);
         while let Some(k) = it.key() {
             if !k.starts_with(prefix) {

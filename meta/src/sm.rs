@@ -464,11 +464,13 @@ fn install_snapshot(
 
 /// Read helpers over the live instance, for the service's read paths.
 impl SmStore {
-    /// Runs `f` over a view of the current state (no staged writes).
+    /// Runs `f` over a consistent point-in-time view of the current state (a RocksDB
+    /// snapshot: a concurrent apply is seen whole or not at all).
     pub fn read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
         let db = self.db();
         let empty = Overlay::new();
-        let view = View::new(&db, &empty);
+        let snap = db.snapshot();
+        let view = View::at(&db, &snap, &empty);
         f(&view)
     }
 
