@@ -37,6 +37,28 @@ const MAX_DEPTH: usize = 4096;
 /// Plans retried when a concurrent change refused them.
 const PLAN_RETRIES: usize = 8;
 
+/// Runs `attempt` until it settles: a plan refused because the state moved under it
+/// (`Retry`) is planned again after a pause of 5 ms plus up to `jitter_ms`, at most
+/// `PLAN_RETRIES` times; then the last refusal is returned.
+async fn replan<T, F, Fut>(what: &str, jitter_ms: u64, mut attempt: F) -> Result<T, TalonError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, TalonError>>,
+{
+    let mut last = TalonError::Retry(format!("{what} did not settle"));
+    for _ in 0..PLAN_RETRIES {
+        match attempt().await {
+            Err(e @ TalonError::Retry(_)) => {
+                last = e;
+                let pause = 5 + rand::random::<u64>() % jitter_ms;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            other => return other,
+        }
+    }
+    Err(last)
+}
+
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
@@ -492,17 +514,10 @@ impl Node {
     ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
         let part = self.local(p)?;
-        let mut last = TalonError::Retry("remove did not settle".into());
-        for _ in 0..PLAN_RETRIES {
-            match self.remove_once(part, epoch, parent, name, directory).await {
-                Err(e @ TalonError::Retry(_)) => {
-                    last = e;
-                    tokio::time::sleep(Duration::from_millis(5 + rand::random::<u64>() % 20)).await;
-                }
-                other => return other,
-            }
-        }
-        Err(last)
+        replan("remove", 20, || {
+            self.remove_once(part, epoch, parent, name, directory)
+        })
+        .await
     }
 
     async fn remove_once(
@@ -614,17 +629,10 @@ impl Node {
             return Err(posix(Errno::EINVAL, format!("rename flags {flags:#x}")));
         }
         let part = self.local(p)?;
-        let mut last = TalonError::Retry("rename did not settle".into());
-        for _ in 0..PLAN_RETRIES {
-            match self.rename_once(part, epoch, sp, sn, dp, dn, flags).await {
-                Err(e @ TalonError::Retry(_)) => {
-                    last = e;
-                    tokio::time::sleep(Duration::from_millis(5 + rand::random::<u64>() % 30)).await;
-                }
-                other => return other,
-            }
-        }
-        Err(last)
+        replan("rename", 30, || {
+            self.rename_once(part, epoch, sp, sn, dp, dn, flags)
+        })
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
