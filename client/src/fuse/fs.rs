@@ -175,6 +175,31 @@ fn xattr_supported(name: &[u8]) -> bool {
 }
 
 impl Shared {
+    /// The entries of open directory `fh` (of `dir`) from `offset`, fetching pages as
+    /// needed, with the directory's attributes as the listing holds them.
+    async fn listing_from(
+        &self,
+        fh: u64,
+        dir: Ino,
+        offset: u64,
+        op: &str,
+    ) -> Result<(Vec<(u64, ListedEntry)>, Attr), fuser::Errno> {
+        let Some(listing) = self.dirs.get(fh) else {
+            return Err(fuser::Errno::from_i32(libc::EBADF));
+        };
+        let mut listing = listing.lock().await;
+        let client = self.client.clone();
+        let fetch = |c| {
+            let client = client.clone();
+            async move { client.readdir_page(dir, &c, READDIR_PAGE, true).await }
+        };
+        let entries = listing
+            .entries_from(offset, fetch)
+            .await
+            .map_err(|e| errno(op, &e))?;
+        Ok((entries, listing.dir.clone()))
+    }
+
     fn entry(&self, reply: ReplyEntry, a: &Attr) {
         let ttl = self.ttls.of(a.class);
         reply.entry(&ttl, &file_attr(a), Generation(0));
@@ -738,18 +763,8 @@ impl Filesystem for TalonFs {
         mut reply: ReplyDirectory,
     ) {
         self.spawn(move |s| async move {
-            let Some(listing) = s.dirs.get(fh.0) else {
-                return reply.error(fuser::Errno::from_i32(libc::EBADF));
-            };
-            let mut listing = listing.lock().await;
-            let client = s.client.clone();
-            let dir = ino(i);
-            let fetch = |c| {
-                let client = client.clone();
-                async move { client.readdir_page(dir, &c, READDIR_PAGE, true).await }
-            };
-            match listing.entries_from(offset, fetch).await {
-                Ok(entries) => {
+            match s.listing_from(fh.0, ino(i), offset, "readdir").await {
+                Ok((entries, _)) => {
                     for (off, e) in entries {
                         let name = OsStr::from_bytes(&e.name);
                         if reply.add(INodeNo(e.ino.0), off + 1, file_type(e.kind), name) {
@@ -758,7 +773,7 @@ impl Filesystem for TalonFs {
                     }
                     reply.ok()
                 }
-                Err(e) => reply.error(errno("readdir", &e)),
+                Err(e) => reply.error(e),
             }
         });
     }
@@ -772,20 +787,11 @@ impl Filesystem for TalonFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         self.spawn(move |s| async move {
-            let Some(listing) = s.dirs.get(fh.0) else {
-                return reply.error(fuser::Errno::from_i32(libc::EBADF));
-            };
-            let mut listing = listing.lock().await;
-            let client = s.client.clone();
-            let dir = ino(i);
-            let fetch = |c| {
-                let client = client.clone();
-                async move { client.readdir_page(dir, &c, READDIR_PAGE, true).await }
-            };
-            let entries = match listing.entries_from(offset, fetch).await {
-                Ok(entries) => entries,
-                Err(e) => return reply.error(errno("readdirplus", &e)),
-            };
+            let (entries, dir_attr) =
+                match s.listing_from(fh.0, ino(i), offset, "readdirplus").await {
+                    Ok(got) => got,
+                    Err(e) => return reply.error(e),
+                };
             for (off, e) in entries {
                 let attr = match e.attr.clone() {
                     Some(a) => s.with_open_size(a),
@@ -793,7 +799,7 @@ impl Filesystem for TalonFs {
                     // their attributes only need to be well formed).
                     None if e.name == b".." => Attr {
                         ino: e.ino,
-                        ..listing.dir.clone()
+                        ..dir_attr.clone()
                     },
                     None => match s.getattr(e.ino).await {
                         Ok(a) => a,
