@@ -13,6 +13,8 @@
 //! replication min(3, nodes)) in a temporary directory. The local tree is made in a
 //! temporary directory (or `--local DIR`, reused if it already holds the files).
 
+mod common;
+
 use anyhow::Context;
 use clap::Parser;
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -21,7 +23,6 @@ use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use talon_client::{Client, ClientOptions, ImportOptions, ImportProgress};
-use talon_meta::testing::TestCluster;
 
 #[derive(Parser)]
 struct Args {
@@ -91,20 +92,7 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (cluster, seeds) = match &args.cluster {
-        Some(c) => (None, talon_client::cli::seeds(c)),
-        None => {
-            let cluster = TestCluster::builder()
-                .nodes(args.nodes)
-                .partitions(8)
-                .replication(args.nodes.min(3) as u32)
-                .start()
-                .await
-                .context("start an in-process cluster")?;
-            let addrs = cluster.addrs();
-            (Some(cluster), addrs)
-        }
-    };
+    let (cluster, seeds) = common::cluster_to_measure(args.cluster.as_deref(), args.nodes).await?;
     let tmp = tempfile::tempdir().context("make a temporary directory")?;
     let local = args.local.clone().unwrap_or_else(|| tmp.path().join("src"));
     let t = Instant::now();

@@ -11,13 +11,14 @@
 //! by path from a second client with a cold cache (one RPC per stat); the rates of both
 //! phases are printed.
 
+mod common;
+
 use anyhow::Context;
 use clap::Parser;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use talon_client::{Client, ClientOptions, MkdirOptions};
-use talon_meta::testing::TestCluster;
 
 #[derive(Parser)]
 struct Args {
@@ -67,20 +68,7 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (cluster, seeds) = match &args.cluster {
-        Some(c) => (None, talon_client::cli::seeds(c)),
-        None => {
-            let cluster = TestCluster::builder()
-                .nodes(args.nodes)
-                .partitions(8)
-                .replication(args.nodes.min(3) as u32)
-                .start()
-                .await
-                .context("start an in-process cluster")?;
-            let addrs = cluster.addrs();
-            (Some(cluster), addrs)
-        }
-    };
+    let (cluster, seeds) = common::cluster_to_measure(args.cluster.as_deref(), args.nodes).await?;
     let client = Client::connect(&seeds, ClientOptions::default()).await?;
     let dir = format!("/throughput-{}", std::process::id());
     client.mkdir(&dir, MkdirOptions::default()).await?;
