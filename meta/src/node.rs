@@ -259,8 +259,6 @@ impl Node {
 
     /// Stops background tasks and Raft groups and closes storage.
     pub async fn shutdown(&self) {
-        // Queued directory attribute updates go out while partitions still serve.
-        self.flush_dir_touches().await;
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -475,7 +473,7 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
             _ = tick.tick() => node.flush_dir_touches().await,
         }
     }
-    // `Node::shutdown` flushes what is left, before the partitions stop.
+    node.flush_dir_touches().await;
 }
 
 /// A node serving on a listener.
@@ -485,7 +483,6 @@ pub struct RunningNode {
     /// The address it listens on.
     pub addr: std::net::SocketAddr,
     server: tokio::task::JoinHandle<()>,
-    stop: CancellationToken,
 }
 
 impl RunningNode {
@@ -495,8 +492,7 @@ impl RunningNode {
             .local_addr()
             .map_err(|e| StartError::Listen(e.to_string()))?;
         let node = Node::open(config).await?;
-        let stop = node.cancel_token().child_token();
-        let cancel = stop.clone();
+        let cancel = node.cancel_token();
         let router = crate::service::router(node.clone());
         // Connections from our own listener do not get the router's `tcp_nodelay`; without
         // it a reply written in several segments (a small file's body) waits out the
@@ -513,17 +509,12 @@ impl RunningNode {
                 tracing::error!("server: {e}");
             }
         });
-        Ok(RunningNode {
-            node,
-            addr,
-            server,
-            stop,
-        })
+        Ok(RunningNode { node, addr, server })
     }
 
     /// Stops serving, waits for in-flight requests, then shuts the node down.
     pub async fn shutdown(self) {
-        self.stop.cancel();
+        self.node.cancel.cancel();
         let _ = self.server.await;
         self.node.shutdown().await;
     }
