@@ -212,6 +212,11 @@ impl Client {
             self.note_write(p);
         }
         let r = self.router().call(p, read, f).await;
+        if read == ReadKind::Write {
+            // The window is counted from the answer too: a write that took longer than the
+            // window (a big batch, a leader change) is still fresh when it returns.
+            self.note_write(p);
+        }
         if let Err(TalonError::StaleEpoch { epoch }) = &r {
             self.cache().observe_epoch(*epoch);
         }
@@ -434,8 +439,12 @@ impl Client {
     ) -> Result<(), TalonError> {
         let p = self.partition_of(src_parent, src_name, src_class);
         // The destination entry changes too, on its own partition.
-        if let Some(dst_class) = self.cache().class_of(dst_parent) {
-            self.note_write(self.partition_of(dst_parent, dst_name, dst_class));
+        let dst_part = self
+            .cache()
+            .class_of(dst_parent)
+            .map(|c| self.partition_of(dst_parent, dst_name, c));
+        if let Some(d) = dst_part {
+            self.note_write(d);
         }
         let req = pb::RenameRequest {
             header: header(p, ReadKind::Write, epoch),
@@ -451,6 +460,9 @@ impl Client {
                 async move { c.rename(req).await }
             })
             .await;
+        if let Some(d) = dst_part {
+            self.note_write(d);
+        }
         self.cache().remove_dentry(src_parent, src_name);
         self.cache().remove_dentry(dst_parent, dst_name);
         let reply = r?;
