@@ -24,7 +24,7 @@ use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
-use crate::router::{ReadKind, Router};
+use crate::router::{track_doubt, ReadKind, Router};
 use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
@@ -38,6 +38,9 @@ use talon_proto::v1 as pb;
 
 /// The xattr through which a symlink's target is read (the protocol has no ReadLink RPC).
 pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
+
+/// Times an exchange is sent when leader changes keep its outcome unknown.
+const EXCHANGE_ATTEMPTS: usize = 3;
 
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
@@ -408,15 +411,27 @@ impl Client {
             name: name.to_vec(),
             directory,
         };
-        let r = self
-            .call(p, ReadKind::Write, |mut c| {
-                let req = req.clone();
-                async move { c.remove(req).await }
-            })
-            .await;
+        let known = self.cache().dentry(parent, name).map(|e| e.attr.ino);
+        let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
+            let req = req.clone();
+            async move { c.remove(req).await }
+        }))
+        .await;
         // Whatever the answer, what this client believed about the name is in doubt.
         self.cache().remove_dentry(parent, name);
-        let reply = r?;
+        let reply = match r {
+            // An attempt whose answer was lost removed it: the name is gone, as asked.
+            Err(e) if doubt && e.errno() == Errno::ENOENT => {
+                tracing::debug!(%parent, "remove re-sent after a lost answer found the name gone");
+                let ino = known.unwrap_or(Ino(0));
+                let nlink = match known {
+                    Some(i) if !directory => self.getattr(i).await.map_or(0, |a| a.nlink),
+                    _ => 0,
+                };
+                pb::RemoveReply { ino: ino.0, nlink }
+            }
+            r => r?,
+        };
         if directory {
             self.cache().forget_class(Ino(reply.ino));
         } else {
@@ -454,20 +469,102 @@ impl Client {
             dst_name: dst_name.to_vec(),
             flags: flags.bits(),
         };
-        let r = self
-            .call(p, ReadKind::Write, |mut c| {
-                let req = req.clone();
-                async move { c.rename(req).await }
-            })
-            .await;
-        if let Some(d) = dst_part {
-            self.note_write(d);
+        let send = || async {
+            let r = self
+                .call(p, ReadKind::Write, |mut c| {
+                    let req = req.clone();
+                    async move { c.rename(req).await }
+                })
+                .await;
+            if let Some(d) = dst_part {
+                self.note_write(d);
+            }
+            self.cache().remove_dentry(src_parent, src_name);
+            self.cache().remove_dentry(dst_parent, dst_name);
+            r
+        };
+        let src = (src_parent, src_name);
+        let dst = (dst_parent, dst_name);
+        if flags.exchange {
+            return self.exchange_settled(src, dst, epoch, send).await;
         }
-        self.cache().remove_dentry(src_parent, src_name);
-        self.cache().remove_dentry(dst_parent, dst_name);
-        let reply = r?;
-        self.cache().observe_epoch(reply.epoch);
-        Ok(())
+        let known = self
+            .cache()
+            .dentry(src_parent, src_name)
+            .map(|e| e.attr.ino);
+        let (r, doubt) = track_doubt(send()).await;
+        match r {
+            Ok(reply) => {
+                self.cache().observe_epoch(reply.epoch);
+                Ok(())
+            }
+            // An attempt whose answer was lost may have moved it: then the source is gone
+            // and the destination holds the entry.
+            Err(e) if doubt && e.errno() == Errno::ENOENT => {
+                match self.strict_entry(dst_parent, dst_name, epoch).await {
+                    Some(a) if known.is_none_or(|k| k == a.ino) => {
+                        tracing::debug!("rename re-sent after a lost answer found it done");
+                        Ok(())
+                    }
+                    _ => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A `RENAME_EXCHANGE`, which is not idempotent: sent again after a lost answer it
+    /// would swap the entries back. The two inos are read first; when the router had to
+    /// re-send, they are read again and the exchange repeated only if the names do not
+    /// hold them swapped. (Another client exchanging the same two names at the same moment
+    /// can still make the outcome either order, as with any two racing exchanges.)
+    async fn exchange_settled<F, Fut>(
+        &self,
+        (sp, sn): (Ino, &[u8]),
+        (dp, dn): (Ino, &[u8]),
+        epoch: u64,
+        send: F,
+    ) -> Result<(), TalonError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<pb::RenameReply, TalonError>>,
+    {
+        let before = (
+            self.strict_entry(sp, sn, epoch).await.map(|a| a.ino),
+            self.strict_entry(dp, dn, epoch).await.map(|a| a.ino),
+        );
+        for _ in 0..EXCHANGE_ATTEMPTS {
+            let (r, doubt) = track_doubt(send()).await;
+            if !doubt {
+                let reply = r?;
+                self.cache().observe_epoch(reply.epoch);
+                return Ok(());
+            }
+            let now = (
+                self.strict_entry(sp, sn, epoch).await.map(|a| a.ino),
+                self.strict_entry(dp, dn, epoch).await.map(|a| a.ino),
+            );
+            match (before, now) {
+                ((Some(a), Some(b)), (Some(x), Some(y))) if x == b && y == a => return Ok(()),
+                ((Some(a), Some(b)), (Some(x), Some(y))) if x == a && y == b => {
+                    tracing::debug!("exchange re-sent after a lost answer: swapped twice, again");
+                }
+                _ => return r.map(|_| ()),
+            }
+        }
+        Err(TalonError::Unavailable(
+            "exchange: the outcome stayed unknown after repeated leader changes".into(),
+        ))
+    }
+
+    /// The entry `name` of `parent` as the partition leader has it, or None (absent or
+    /// unreadable): for checking what an attempt with a lost answer did.
+    async fn strict_entry(&self, parent: Ino, name: &[u8], epoch: u64) -> Option<Attr> {
+        let class = self.dir_class(parent).await.ok()?;
+        self.rpc_lookup(parent, class, name, ReadKind::StrictRead, epoch)
+            .await
+            .ok()
+            .map(|(a, _)| a)
     }
 
     pub(crate) async fn rpc_link(
@@ -485,17 +582,32 @@ impl Client {
             new_parent: new_parent.0,
             new_name: new_name.to_vec(),
         };
-        let reply = self
-            .call(p, ReadKind::Write, |mut c| {
-                let req = req.clone();
-                async move { c.link(req).await }
-            })
-            .await?;
-        self.cache().observe_epoch(reply.epoch);
-        let attr = attr_of(reply.attr)?;
+        let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
+            let req = req.clone();
+            async move { c.link(req).await }
+        }))
+        .await;
+        let (attr, stamp) = match r {
+            // An attempt whose answer was lost may have made the link: then the name is
+            // there and names this inode.
+            Err(e) if doubt && e.errno() == Errno::EEXIST => {
+                match self.strict_entry(new_parent, new_name, epoch).await {
+                    Some(a) if a.ino == ino => {
+                        tracing::debug!("link re-sent after a lost answer found it made");
+                        (a, epoch)
+                    }
+                    _ => return Err(e),
+                }
+            }
+            r => {
+                let reply = r?;
+                self.cache().observe_epoch(reply.epoch);
+                (attr_of(reply.attr)?, reply.epoch.max(epoch))
+            }
+        };
         self.cache().note_attr(&attr);
         self.cache()
-            .insert_dentry(new_parent, class, new_name, &attr, reply.epoch.max(epoch));
+            .insert_dentry(new_parent, class, new_name, &attr, stamp);
         Ok(attr)
     }
 
@@ -684,12 +796,22 @@ impl Client {
                 flags: flags.bits(),
             };
             async move {
-                self.call(p, ReadKind::Write, |mut c| {
+                let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
                     async move { c.set_xattr(req).await }
-                })
-                .await?;
-                Ok(())
+                }))
+                .await;
+                match r {
+                    // An XATTR_CREATE whose answer was lost may have set it: then the value
+                    // there is this one.
+                    Err(e) if doubt && e.errno() == Errno::EEXIST => {
+                        match self.getxattr(ino, name).await {
+                            Ok(v) if v == value => Ok(()),
+                            _ => Err(e),
+                        }
+                    }
+                    r => r.map(|_| ()),
+                }
             }
         })
         .await
@@ -725,12 +847,16 @@ impl Client {
                 name: name.to_vec(),
             };
             async move {
-                self.call(p, ReadKind::Write, |mut c| {
+                let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
                     async move { c.remove_xattr(req).await }
-                })
-                .await?;
-                Ok(())
+                }))
+                .await;
+                match r {
+                    // Removed by an attempt whose answer was lost.
+                    Err(e) if doubt && e.errno() == Errno::ENODATA => Ok(()),
+                    r => r.map(|_| ()),
+                }
             }
         })
         .await

@@ -3,13 +3,21 @@
 //! be stopped and restarted on the same port and data (a clean stop: every task and Raft
 //! group shut down, storage closed), which is how tests take a node or a leader away.
 //! Crash-style kills of whole processes are tested with the `talon-meta` binary instead.
+//!
+//! With [`TestClusterBuilder::lossy_front`], clients reach each node through a TCP relay
+//! ([`LossyFront`]) that a test can tell to lose the next reply: the request reaches the
+//! node and is carried out, the answer never reaches the client, and the connection
+//! breaks — the "applied, but the client does not know" case of a real network.
 
 use crate::config::{Config, NodeEntry, RaftConfig};
 use crate::node::RunningNode;
 use openraft::ServerState;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 /// Builder of a `TestCluster`.
 #[derive(Clone, Debug)]
@@ -23,9 +31,16 @@ pub struct TestClusterBuilder {
     chunk_size: u32,
     chunk_gc_grace_ms: u64,
     raft: RaftConfig,
+    lossy_front: bool,
 }
 
 impl TestClusterBuilder {
+    /// Puts a [`LossyFront`] before every node and advertises its address in the cluster
+    /// map, so clients (and peers) talk to the node through it.
+    pub fn lossy_front(mut self, on: bool) -> Self {
+        self.lossy_front = on;
+        self
+    }
     /// Number of nodes (ids 1..=n).
     pub fn nodes(mut self, n: u64) -> Self {
         self.nodes = n;
@@ -77,15 +92,20 @@ impl TestClusterBuilder {
             let l = TcpListener::bind("127.0.0.1:0").await?;
             listeners.insert(id, l);
         }
-        let entries: Vec<NodeEntry> = listeners
-            .iter()
-            .map(|(id, l)| {
-                Ok(NodeEntry {
-                    id: *id,
-                    addr: l.local_addr()?.to_string(),
-                })
-            })
-            .collect::<std::io::Result<_>>()?;
+        let mut fronts = BTreeMap::new();
+        let mut entries = Vec::new();
+        for (id, l) in &listeners {
+            let real = l.local_addr()?.to_string();
+            let addr = if self.lossy_front {
+                let front = LossyFront::start(real).await?;
+                let addr = front.addr.clone();
+                fronts.insert(*id, front);
+                addr
+            } else {
+                real
+            };
+            entries.push(NodeEntry { id: *id, addr });
+        }
         let mut configs = BTreeMap::new();
         let mut nodes = BTreeMap::new();
         for (id, listener) in listeners {
@@ -111,6 +131,7 @@ impl TestClusterBuilder {
         let cluster = TestCluster {
             nodes,
             configs,
+            fronts,
             _root: root,
         };
         cluster.wait_for_leaders().await?;
@@ -122,6 +143,7 @@ impl TestClusterBuilder {
 pub struct TestCluster {
     nodes: BTreeMap<u64, Option<RunningNode>>,
     configs: BTreeMap<u64, Config>,
+    fronts: BTreeMap<u64, LossyFront>,
     _root: tempfile::TempDir,
 }
 
@@ -143,12 +165,24 @@ impl TestCluster {
                 election_timeout_max_ms: 1000,
                 ..RaftConfig::default()
             },
+            lossy_front: false,
         }
     }
 
-    /// The address of every node, running or not.
+    /// The address clients use for every node, running or not.
     pub fn addrs(&self) -> Vec<String> {
-        self.configs.values().map(|c| c.listen.clone()).collect()
+        self.configs
+            .iter()
+            .map(|(id, c)| match self.fronts.get(id) {
+                Some(f) => f.addr.clone(),
+                None => c.listen.clone(),
+            })
+            .collect()
+    }
+
+    /// The relay before node `id`, when the cluster was built with `lossy_front`.
+    pub fn front(&self, id: u64) -> Option<&LossyFront> {
+        self.fronts.get(&id)
     }
 
     /// The running node `id`.
@@ -231,5 +265,106 @@ impl TestCluster {
         for id in ids {
             self.stop_node(id).await;
         }
+    }
+}
+
+/// A TCP relay before a node that can lose replies on purpose (see the module docs).
+pub struct LossyFront {
+    /// The address clients connect to.
+    pub addr: String,
+    armed: Arc<AtomicU32>,
+    lost: Arc<AtomicU32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long a connection whose reply is being lost keeps swallowing the node's bytes
+/// before it is cut: long enough for the node to finish the request it is answering.
+const LOSS_WINDOW: Duration = Duration::from_millis(300);
+
+impl LossyFront {
+    async fn start(target: String) -> std::io::Result<LossyFront> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let armed = Arc::new(AtomicU32::new(0));
+        let lost = Arc::new(AtomicU32::new(0));
+        let (a, l) = (armed.clone(), lost.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (target, a, l) = (target.clone(), a.clone(), l.clone());
+                tokio::spawn(async move {
+                    if let Ok(node) = TcpStream::connect(&target).await {
+                        relay(client, node, a, l).await;
+                    }
+                });
+            }
+        });
+        Ok(LossyFront {
+            addr,
+            armed,
+            lost,
+            task,
+        })
+    }
+
+    /// Loses the next `n` replies: each time the node next sends bytes on any connection,
+    /// they and everything after them on that connection for a short while are dropped,
+    /// then the connection is cut.
+    pub fn lose_next_replies(&self, n: u32) {
+        self.armed.store(n, Ordering::SeqCst);
+    }
+
+    /// How many replies have been lost so far.
+    pub fn lost(&self) -> u32 {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LossyFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies bytes both ways until either side closes, losing a reply when armed.
+async fn relay(client: TcpStream, node: TcpStream, armed: Arc<AtomicU32>, lost: Arc<AtomicU32>) {
+    let _ = client.set_nodelay(true);
+    let _ = node.set_nodelay(true);
+    let (mut cr, mut cw) = client.into_split();
+    let (mut nr, mut nw) = node.into_split();
+    let upstream = async move {
+        let _ = tokio::io::copy(&mut cr, &mut nw).await;
+    };
+    let downstream = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match nr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let take = armed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1))
+                .is_ok();
+            if take {
+                // Swallow what the node says for a while, then cut the connection.
+                let _ = tokio::time::timeout(LOSS_WINDOW, async {
+                    while let Ok(n) = nr.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                lost.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            if cw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever direction ends first ends the connection (dropping both halves).
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
     }
 }
