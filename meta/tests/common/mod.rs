@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use talon_client::{Client, ClientOptions};
-use talon_meta::config::{Config, NodeEntry, RaftConfig};
+use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig};
 
 #[allow(unused_imports)]
 pub use talon_meta::testing::TestCluster;
@@ -38,6 +38,17 @@ pub struct ProcCluster {
 impl ProcCluster {
     /// Writes configs for `n` nodes and starts them.
     pub fn start(n: u64, partitions: u32, raft: RaftConfig) -> ProcCluster {
+        ProcCluster::start_with(n, partitions, raft, |_| {})
+    }
+
+    /// As [`ProcCluster::start`], with `cluster` adjusting the cluster section (the same on
+    /// every node) after the fixture has filled in nodes, partitions and replication.
+    pub fn start_with(
+        n: u64,
+        partitions: u32,
+        raft: RaftConfig,
+        cluster: impl Fn(&mut ClusterConfig),
+    ) -> ProcCluster {
         let dir = tempfile::Builder::new()
             .prefix("talon-proc-")
             .tempdir()
@@ -60,6 +71,7 @@ impl ProcCluster {
             c.cluster.nodes = nodes.clone();
             c.cluster.partitions = partitions;
             c.cluster.replication = n.min(3) as u32;
+            cluster(&mut c.cluster);
             c.validate().expect("valid config");
             let path = dir.path().join(format!("node{}.toml", node.id));
             std::fs::write(&path, toml::to_string(&c).expect("encode config"))
