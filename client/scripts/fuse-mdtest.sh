@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mdtest-like comparison of a Talon FUSE mount with tmpfs and ext4 on a loop device
-# (and JuiceFS, when its `juicefs` binary is on PATH). Not a test: it prints a table.
+# and JuiceFS (SQLite and Redis metadata engines, when `juicefs` and `redis-server` are
+# on PATH). Not a test: it prints a table.
 #
 # For each target and each file size (4 KiB, 110 KiB) and process count (1, 8), every
 # process creates FILES files in its own directory (create+write+close), then stats them
@@ -12,7 +13,7 @@
 #   client/scripts/fuse-mdtest.sh [FILES_PER_PROCESS]
 # Environment: TALON (the talon binary, default target/release/talon), WORK (scratch
 # directory, default a new one under /tmp), LISTEN (talon up's address, default
-# 127.0.0.1:7101).
+# 127.0.0.1:7101), REDIS_PORT (the private Redis server for JuiceFS, default 6391).
 set -euo pipefail
 
 FILES="${1:-2000}"
@@ -22,6 +23,7 @@ TALON="${TALON:-$TARGET_DIR/release/talon}"
 WORK="${WORK:-$(mktemp -d /tmp/talon-mdtest.XXXXXX)}"
 mkdir -p "$WORK"
 LISTEN="${LISTEN:-127.0.0.1:7101}"
+REDIS_PORT="${REDIS_PORT:-6391}"
 PIDS=()
 MOUNTS=()
 
@@ -122,13 +124,30 @@ done
 grep -q "mounted at" "$WORK/talon-up.log" || { cat "$WORK/talon-up.log"; exit 1; }
 bench talon "$WORK/talon-mnt"
 
-# JuiceFS (optional): sqlite metadata, local object storage.
+# JuiceFS (optional, when `juicefs` is on PATH): local-file object storage, with its
+# SQLite metadata engine, and with Redis (when `redis-server` is on PATH; a private
+# server on loopback, persistence as Redis ships it: no fsync per change).
+jfs_bench() {
+  local name="$1" meta="$2"
+  juicefs format "$meta" --storage file --bucket "$WORK/$name-bucket/" "$name" \
+    >"$WORK/$name-format.log" 2>&1
+  mkdir -p "$WORK/$name"
+  juicefs mount -d "$meta" "$WORK/$name" >"$WORK/$name-mount.log" 2>&1
+  MOUNTS+=("$WORK/$name")
+  bench "$name" "$WORK/$name"
+  juicefs umount "$WORK/$name" >/dev/null 2>&1 || true
+}
 if command -v juicefs >/dev/null; then
-  juicefs format "sqlite3://$WORK/jfs.db" --storage file --bucket "$WORK/jfs-bucket/" jfs \
-    >/dev/null 2>&1
-  mkdir -p "$WORK/jfs"
-  juicefs mount -d "sqlite3://$WORK/jfs.db" "$WORK/jfs" >/dev/null 2>&1
-  MOUNTS+=("$WORK/jfs")
-  bench juicefs "$WORK/jfs"
+  jfs_bench jfs-sqlite "sqlite3://$WORK/jfs.db"
+  if command -v redis-server >/dev/null; then
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$WORK" --daemonize no \
+      >"$WORK/redis.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 1 50); do
+      redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    jfs_bench jfs-redis "redis://127.0.0.1:$REDIS_PORT/1"
+  fi
 fi
 echo "scratch: $WORK"
