@@ -928,11 +928,22 @@ impl Client {
             })
             .collect();
         let mut sum = StatFs::default();
+        let mut nodes = std::collections::BTreeMap::new();
         while let Some(r) = calls.next().await {
             let r = r?;
             sum.inodes += r.inodes;
             sum.bytes += r.bytes;
             sum.entries += r.entries;
+            nodes.insert(
+                r.node_id,
+                (r.fs_total_bytes, r.fs_free_bytes, r.fs_avail_bytes),
+            );
+        }
+        let copies = u64::from(self.cluster_map().replication.max(1));
+        for (total, free, avail) in nodes.into_values() {
+            sum.space_total += total / copies;
+            sum.space_free += free / copies;
+            sum.space_avail += avail / copies;
         }
         Ok(sum)
     }

@@ -156,6 +156,15 @@ pub struct StatFs {
     pub bytes: u64,
     /// Directory entries.
     pub entries: u64,
+    /// Capacity for file data: the nodes' data file systems, summed over the nodes that
+    /// answered and divided by the replication factor (every byte is stored that many
+    /// times). Sizes and free space of file systems shared by several nodes are counted
+    /// once per node.
+    pub space_total: u64,
+    /// Free bytes of that capacity.
+    pub space_free: u64,
+    /// Free bytes of that capacity available to unprivileged users.
+    pub space_avail: u64,
 }
 
 /// One directory entry from a listing.

@@ -413,6 +413,14 @@ fn statfs_and_other_views_of_the_mount() {
     let st = rustix::fs::statvfs(&m.root).expect("statvfs");
     assert!(st.f_files > 0 && st.f_ffree > 0 && st.f_bavail > 0);
     assert_eq!(st.f_namemax, 255);
+    // One node, one copy: the mount's size is that of the node's data file system.
+    let disk = rustix::fs::statvfs(std::env::temp_dir()).expect("statvfs of the temp dir");
+    let (size, disk_size) = (st.f_blocks * st.f_frsize, disk.f_blocks * disk.f_frsize);
+    assert!(
+        size <= disk_size && size + st.f_frsize >= disk_size,
+        "mount size {size}, data file system size {disk_size}"
+    );
+    assert!(st.f_bfree <= st.f_blocks && st.f_bavail <= st.f_bfree);
     // Creating a file through the library shows in the mount (relaxed: within the TTL).
     m.block_on(m.client.create_file("/from-lib", 0o644))
         .expect("create via library");

@@ -302,6 +302,17 @@ async fn setattr_and_statfs() {
     );
 
     let base = c.statfs().await.expect("statfs");
+    // Three replicas of every byte on three nodes whose data directories share the
+    // temporary directory's file system: the capacity is that file system's size.
+    let tmp = rustix::fs::statvfs(std::env::temp_dir()).expect("statvfs of the temp dir");
+    let fs_total = tmp.f_blocks * tmp.f_frsize;
+    assert!(
+        base.space_total <= fs_total && base.space_total + 3 >= fs_total,
+        "capacity {} of a {fs_total}-byte file system",
+        base.space_total
+    );
+    assert!(base.space_avail > 0 && base.space_avail <= base.space_free);
+    assert!(base.space_free <= base.space_total);
     for i in 0..20 {
         c.create_file(format!("/n{i}"), 0o644)
             .await

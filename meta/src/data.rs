@@ -334,6 +334,22 @@ impl Node {
         Ok((bytes, part.store.disk_bytes()))
     }
 
+    /// Size and free space of the file system holding this node's data directory.
+    pub fn data_fs_space(&self) -> Result<FsSpace, TalonError> {
+        let st = rustix::fs::statvfs(&self.config.data_dir).map_err(|e| {
+            TalonError::Unavailable(format!(
+                "statvfs of the data directory {}: {e}",
+                self.config.data_dir.display()
+            ))
+        })?;
+        let unit = st.f_frsize.max(1);
+        Ok(FsSpace {
+            total: st.f_blocks.saturating_mul(unit),
+            free: st.f_bfree.saturating_mul(unit),
+            avail: st.f_bavail.saturating_mul(unit),
+        })
+    }
+
     /// One garbage-collection round over the chunks of partitions this node leads.
     // The entry API cannot hold the map across the await that fetches a missing state.
     #[allow(clippy::map_entry)]
@@ -445,4 +461,15 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
             }
         }
     }
+}
+
+/// Space of the file system under a node's data directory, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Its size.
+    pub total: u64,
+    /// Free bytes.
+    pub free: u64,
+    /// Bytes free to unprivileged users.
+    pub avail: u64,
 }

@@ -378,11 +378,16 @@ impl Namespace for Api {
         let h = header(r.into_inner().header);
         let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
         let (bytes, disk_bytes) = self.node.usage(h.partition)?;
+        let fs = self.node.data_fs_space()?;
         Ok(Response::new(pb::StatFsReply {
             inodes,
             bytes,
             entries,
             disk_bytes,
+            node_id: self.node.config.node_id,
+            fs_total_bytes: fs.total,
+            fs_free_bytes: fs.free,
+            fs_avail_bytes: fs.avail,
         }))
     }
 

@@ -50,10 +50,10 @@ pub const CLASS_XATTR: &[u8] = b"user.talon.class";
 /// such as Talon's internal `talon.*`) are not supported, as on a file system without ACLs.
 const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
-/// Block size and free space that `statfs` reports: Talon has no fixed capacity, so free
-/// space is shown as a large constant (1 PiB, 2^40 inodes), as other cluster file systems do.
+/// Block size of `statfs`. Sizes and free space come from the nodes' data file systems
+/// (see `StatFs`); Talon has no inode table to run out of, so free inodes are shown as a
+/// large constant (2^40), as other cluster file systems do.
 const STATFS_BSIZE: u64 = 4096;
-const STATFS_FREE_BLOCKS: u64 = 1 << 38;
 const STATFS_FREE_INODES: u64 = 1 << 40;
 
 /// One open regular file.
@@ -854,19 +854,16 @@ impl Filesystem for TalonFs {
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         self.spawn(move |s| async move {
             match s.client.statfs().await {
-                Ok(st) => {
-                    let used = st.bytes.div_ceil(STATFS_BSIZE);
-                    reply.statfs(
-                        used + STATFS_FREE_BLOCKS,
-                        STATFS_FREE_BLOCKS,
-                        STATFS_FREE_BLOCKS,
-                        st.inodes + STATFS_FREE_INODES,
-                        STATFS_FREE_INODES,
-                        STATFS_BSIZE as u32,
-                        talon_model::name::NAME_MAX as u32,
-                        STATFS_BSIZE as u32,
-                    )
-                }
+                Ok(st) => reply.statfs(
+                    st.space_total / STATFS_BSIZE,
+                    st.space_free / STATFS_BSIZE,
+                    st.space_avail / STATFS_BSIZE,
+                    st.inodes + STATFS_FREE_INODES,
+                    STATFS_FREE_INODES,
+                    STATFS_BSIZE as u32,
+                    talon_model::name::NAME_MAX as u32,
+                    STATFS_BSIZE as u32,
+                ),
                 Err(e) => reply.error(errno("statfs", &e)),
             }
         });
