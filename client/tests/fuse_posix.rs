@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, SystemTime};
+use talon_model::placement::entry_partition;
 
 /// A user id without privileges, for the permission checks.
 const NOBODY: u32 = 65534;
@@ -449,4 +450,87 @@ fn file_opened_with_o_excl_in_open_mode() {
         fs::metadata(m.path("new")).expect("stat").mode() & 0o777,
         0o640
     );
+}
+
+/// Sets `p`'s atime and mtime an hour back, so any change after it shows as newer without
+/// waiting for the clock; returns the mtime and ctime it then has.
+fn age(p: &std::path::Path) -> (i64, i64) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let hour_ago = rustix::fs::Timespec {
+        tv_sec: now.as_secs() as i64 - 3600,
+        tv_nsec: 0,
+    };
+    let t = rustix::fs::Timestamps {
+        last_access: hour_ago,
+        last_modification: hour_ago,
+    };
+    rustix::fs::utimensat(CWD, p, &t, rustix::fs::AtFlags::empty()).expect("utimensat");
+    let m = fs::metadata(p).expect("stat");
+    (m.mtime(), m.ctime())
+}
+
+#[test]
+fn strict_directories_show_their_changes_at_once() {
+    // POSIX: a create, remove, rename or link updates the parent's mtime and ctime, and a
+    // subdirectory the parent's link count, visibly to the next stat. In a strict directory
+    // that holds also when the directory's inode lives on another partition than its
+    // entries, the case checked here.
+    let m = Mounted::start();
+    fs::create_dir(m.path("ckpt")).expect("mkdir");
+    let parts = m.client.cluster_map().partitions;
+    let d = (0..16)
+        .map(|i| {
+            let d = m.path(&format!("ckpt/run{i}"));
+            fs::create_dir(&d).expect("mkdir");
+            (
+                d,
+                fs::metadata(m.path(&format!("ckpt/run{i}")))
+                    .expect("stat")
+                    .ino(),
+            )
+        })
+        .find(|(_, ino)| {
+            let ino = talon_model::Ino(*ino);
+            entry_partition(ino, b"", talon_model::Class::Strict, parts) != ino.home()
+        })
+        .map(|(d, _)| d)
+        .expect("a directory whose entries live away from its inode");
+    let changed = |what: &str, f: &dyn Fn()| {
+        let (mtime, _) = age(&d);
+        let nlink = fs::metadata(&d).expect("stat").nlink();
+        f();
+        let after = fs::metadata(&d).expect("stat");
+        assert!(after.mtime() > mtime, "{what}: parent mtime moved");
+        assert!(after.ctime() >= after.mtime(), "{what}: parent ctime moved");
+        (nlink, after.nlink())
+    };
+    changed("create", &|| fs::write(d.join("f"), b"x").expect("create"));
+    let (before, after) = changed("mkdir", &|| fs::create_dir(d.join("sub")).expect("mkdir"));
+    assert_eq!(after, before + 1, "mkdir adds a link to the parent");
+    changed("link", &|| {
+        fs::hard_link(d.join("f"), d.join("g")).expect("link")
+    });
+    changed("rename", &|| {
+        fs::rename(d.join("g"), d.join("h")).expect("rename")
+    });
+    changed("unlink", &|| fs::remove_file(d.join("h")).expect("unlink"));
+    let (before, after) = changed("rmdir", &|| fs::remove_dir(d.join("sub")).expect("rmdir"));
+    assert_eq!(after + 1, before, "rmdir takes a link from the parent");
+}
+
+#[test]
+fn truncating_an_open_file_changes_its_times_at_once() {
+    let m = Mounted::start();
+    let p = m.path("t");
+    fs::write(&p, b"0123456789").expect("write");
+    let (mtime, ctime) = age(&p);
+    let f = OpenOptions::new().write(true).open(&p).expect("open");
+    f.set_len(3).expect("ftruncate");
+    let st = fs::metadata(&p).expect("stat");
+    assert_eq!(st.len(), 3);
+    assert!(st.mtime() > mtime && st.ctime() >= ctime, "times moved");
+    drop(f);
+    assert_eq!(fs::metadata(&p).expect("stat").len(), 3);
 }

@@ -11,8 +11,10 @@
 //! - an inode by its home partition `ino.home()`.
 //!
 //! Directory attribute updates of a parent (mtime, nlink) are applied in the same proposal
-//! when the parent lives on the entry's partition, otherwise asynchronously within ~50 ms
-//! (DESIGN.md allows this; a crash in that window can leave a parent's nlink/mtime stale).
+//! when the parent lives on the entry's partition. Otherwise a strict parent is updated by
+//! a second proposal on its home before the change is answered (POSIX-visible at once), and
+//! a relaxed one asynchronously within ~50 ms (DESIGN.md allows this; a crash in that
+//! window can leave a relaxed parent's nlink/mtime stale).
 
 use crate::apply::{fresh_attr, Dentry, InodeRec};
 use crate::node::{storage_error, Node, PeerReply, PeerRequest};
@@ -438,11 +440,9 @@ impl Node {
                         TalonError::Unavailable("create allocated no inode".into())
                     })?;
                 if parent.home() != part.id {
-                    self.touch_dir(
-                        parent,
-                        i32::from(spec.kind == FileKind::Directory),
-                        Time::now(),
-                    );
+                    let (class, _) = self.dir_class(part, parent).await?;
+                    let nlink = i32::from(spec.kind == FileKind::Directory);
+                    self.touch_parent(parent, class, nlink, Time::now()).await;
                 }
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
@@ -528,7 +528,7 @@ impl Node {
         name: &[u8],
         directory: bool,
     ) -> Result<(Ino, u32), TalonError> {
-        self.entry_class(part, parent, name).await?;
+        let (pclass, _) = self.entry_class(part, parent, name).await?;
         part.linearizable().await?;
         let d = part
             .store
@@ -583,7 +583,8 @@ impl Node {
         let single = parts.len() == 1;
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
         if !(single && parent.home() == p) {
-            self.touch_dir(parent, -i32::from(directory), now);
+            self.touch_parent(parent, pclass, -i32::from(directory), now)
+                .await;
         }
         let nlink = outcome_attr(&out, d.ino).map(|a| a.nlink).unwrap_or(0);
         Ok((d.ino, nlink))
@@ -647,7 +648,7 @@ impl Node {
         flags: u32,
     ) -> Result<u64, TalonError> {
         let ps = part.id;
-        self.entry_class(part, sp, sn).await?;
+        let (sclass, _) = self.entry_class(part, sp, sn).await?;
         let (dclass, _) = self.dir_class(part, dp).await?;
         let pd = entry_partition(dp, dn, dclass, self.partitions_count());
         part.linearizable().await?;
@@ -822,11 +823,14 @@ impl Node {
             Ok(())
         };
         let out = self.run_ops(ps, parts, check).await?;
-        self.touch_dir(sp, 0, now);
-        self.touch_dir(dp, 0, now);
-        for (dir, delta) in nlink_delta {
-            self.touch_dir(dir, delta, now);
-        }
+        let mut touches = nlink_delta;
+        touches.entry(sp).or_default();
+        touches.entry(dp).or_default();
+        futures::future::join_all(touches.into_iter().map(|(dir, delta)| {
+            let class = if dir == sp { sclass } else { dclass };
+            self.touch_parent(dir, class, delta, now)
+        }))
+        .await;
         Ok(outcome_epoch(&out).max(cur_epoch))
     }
 
@@ -896,7 +900,7 @@ impl Node {
             .or_default()
             .push(relink(ino, 1, None, now));
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
-        self.touch_dir(np, 0, now);
+        self.touch_parent(np, pclass, 0, now).await;
         let attr = match outcome_attr(&out, ino) {
             Some(a) => a,
             None => self

@@ -18,7 +18,7 @@
 use crate::client::Client;
 use crate::file::{File, OpenOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use talon_model::{Attr, Errno, Ino, TalonError};
+use talon_model::{Attr, Errno, Ino, TalonError, Time};
 use tokio::sync::Mutex;
 
 /// The data side of one open file.
@@ -30,6 +30,9 @@ pub(crate) struct DataHandle {
     /// without waiting for the lock by `getattr`.
     dirty: AtomicBool,
     size: AtomicU64,
+    /// When the last uncommitted change was made (ns since the epoch): the file's mtime and
+    /// ctime as this handle shows them until the commit gives the cluster's own.
+    changed_ns: AtomicU64,
 }
 
 fn closed(ino: Ino) -> TalonError {
@@ -54,6 +57,7 @@ impl DataHandle {
             file: Mutex::new(Some(file)),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),
+            changed_ns: AtomicU64::new(0),
         })
     }
 
@@ -61,6 +65,11 @@ impl DataHandle {
     async fn note_change(&self, f: &mut File) -> Result<(), TalonError> {
         let size = f.len().await?;
         self.size.store(size, Ordering::Release);
+        let now = Time::now();
+        let ns = (now.secs.max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(now.nanos));
+        self.changed_ns.store(ns, Ordering::Release);
         self.dirty.store(true, Ordering::Release);
         Ok(())
     }
@@ -89,6 +98,23 @@ impl DataHandle {
         self.dirty
             .load(Ordering::Acquire)
             .then(|| self.size.load(Ordering::Acquire))
+    }
+
+    /// `a` as this handle shows it while it holds uncommitted changes: their size, and
+    /// mtime and ctime no older than the last change (a write or truncate changes them at
+    /// once, not at the commit).
+    pub fn overlay(&self, mut a: Attr) -> Attr {
+        if let Some(size) = self.pending_size() {
+            a.size = size;
+            let ns = self.changed_ns.load(Ordering::Acquire);
+            let changed = Time {
+                secs: (ns / 1_000_000_000) as i64,
+                nanos: (ns % 1_000_000_000) as u32,
+            };
+            a.mtime = a.mtime.max(changed);
+            a.ctime = a.ctime.max(changed);
+        }
+        a
     }
 
     /// The attributes as this handle sees them (its size includes uncommitted writes).

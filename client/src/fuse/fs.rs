@@ -209,13 +209,14 @@ impl Shared {
         reply.attr(&self.ttls.of(a.class), &file_attr(a));
     }
 
-    /// `a` with the size an open writer of this mount has made, which the cluster only
-    /// learns at flush; the kernel must not see the file shrink under its writer.
+    /// `a` with the size (and change times) an open writer of this mount has made, which
+    /// the cluster only learns at flush; the kernel must not see the file shrink under its
+    /// writer, nor a truncate or write leave the times unchanged.
     fn with_open_size(&self, mut a: Attr) -> Attr {
         if let Some(fhs) = self.open_inos.get(&a.ino) {
             for fh in fhs.iter() {
-                if let Some(size) = self.files.get(*fh).and_then(|f| f.data.pending_size()) {
-                    a.size = size;
+                if let Some(f) = self.files.get(*fh) {
+                    a = f.data.overlay(a);
                 }
             }
         }
