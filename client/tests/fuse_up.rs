@@ -30,7 +30,7 @@ impl Drop for Up {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if fuse_support::is_mounted(&self.mnt) {
+        if talon_client::fuse::is_mounted(&self.mnt) {
             let _ = Command::new("fusermount3")
                 .args(["-u", "-z"])
                 .arg(&self.mnt)
@@ -82,7 +82,10 @@ fn stop(mut u: Up) {
     assert!(st.success());
     let status = child.wait().expect("wait for talon up");
     assert!(status.success(), "talon up exit status {status:?}");
-    assert!(!fuse_support::is_mounted(&u.mnt), "unmounted on SIGTERM");
+    assert!(
+        !talon_client::fuse::is_mounted(&u.mnt),
+        "unmounted on SIGTERM"
+    );
 }
 
 #[test]
@@ -92,7 +95,7 @@ fn talon_up_serves_mounts_and_stops_cleanly() {
     let addr = free_addr();
     let u = up(&mnt, &data, &addr);
     let mnt = std::fs::canonicalize(&mnt).expect("mount point exists");
-    assert!(fuse_support::is_mounted(&mnt));
+    assert!(talon_client::fuse::is_mounted(&mnt));
     std::fs::create_dir(mnt.join("d")).expect("mkdir through the mount");
     std::fs::write(mnt.join("d/hello"), b"world").expect("write through the mount");
     // The other commands reach the embedded node.

@@ -100,29 +100,9 @@ impl Mounted {
     }
 }
 
-fn is_mounted(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.to_string_lossy();
-    table
-        .lines()
-        .any(|l| l.split(' ').nth(4).is_some_and(|p| p == want))
-}
-
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(m) = self.mount.take() {
-            if let Err(e) = m.unmount() {
-                eprintln!("unmount: {e}");
-            }
-        }
-        if is_mounted(&self.root) {
-            let _ = std::process::Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.root)
-                .status();
-        }
+        talon_client::fuse::unmount_clean(self.mount.take(), &self.root);
     }
 }
 

@@ -258,6 +258,27 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// True if a file system is mounted exactly at `path` (per the mount table).
+pub fn is_mounted(path: &Path) -> bool {
+    mounted_at(path).is_some()
+}
+
+/// Unmounts `mount`, then makes sure nothing stays attached at `mountpoint`: a mount the
+/// session could not take down (busy, or its owner panicking) is detached lazily. For
+/// tools and tests that must always leave the mount point clean.
+pub fn unmount_clean(mount: Option<Mount>, mountpoint: &Path) {
+    if let Some(m) = mount {
+        if let Err(e) = m.unmount() {
+            tracing::warn!("{e}");
+        }
+    }
+    if is_mounted(mountpoint) {
+        if let Err(e) = unmount_path(mountpoint, true) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
 /// Unmounts whatever FUSE mount is at `mountpoint` (`fusermount3 -u`), also one whose
 /// process died.
 pub fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<(), MountError> {

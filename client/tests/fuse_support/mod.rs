@@ -10,7 +10,7 @@
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use talon_client::fuse::{Mount, MountOptions};
@@ -112,30 +112,9 @@ impl Mounted {
     }
 }
 
-/// True if `path` is a mount point (per the mount table).
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.to_string_lossy();
-    table
-        .lines()
-        .any(|l| l.split(' ').nth(4).is_some_and(|p| p == want))
-}
-
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(m) = self.mount.take() {
-            if let Err(e) = m.unmount() {
-                eprintln!("unmount: {e}");
-            }
-        }
-        if is_mounted(&self.root) {
-            let _ = std::process::Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.root)
-                .status();
-        }
+        talon_client::fuse::unmount_clean(self.mount.take(), &self.root);
         if let Some(c) = self.cluster.take() {
             self.rt.block_on(c.shutdown());
         }
