@@ -18,23 +18,11 @@ set -euo pipefail
 
 FILES="${1:-2000}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-TARGET_DIR="${CARGO_TARGET_DIR:-$HERE/../../target}"
-TALON="${TALON:-$TARGET_DIR/release/talon}"
-WORK="${WORK:-$(mktemp -d /tmp/talon-mdtest.XXXXXX)}"
-mkdir -p "$WORK"
+WORK_PREFIX=talon-mdtest
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 LISTEN="${LISTEN:-127.0.0.1:7101}"
 REDIS_PORT="${REDIS_PORT:-6391}"
-PIDS=()
-MOUNTS=()
-
-cleanup() {
-  for m in "${MOUNTS[@]}"; do
-    fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-  done
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
 
 # One phase driver, run per process: python keeps the per-file work to system calls.
 cat > "$WORK/phase.py" <<'PY'
@@ -112,16 +100,7 @@ MOUNTS+=("$WORK/ext4")
 bench ext4 "$WORK/ext4"
 
 # Talon: a single-node `talon up` in the scratch directory.
-mkdir -p "$WORK/talon-mnt"
-"$TALON" up "$WORK/talon-mnt" --data "$WORK/talon-data" --listen "$LISTEN" \
-  2>"$WORK/talon-up.log" &
-PIDS+=($!)
-MOUNTS+=("$WORK/talon-mnt")
-for _ in $(seq 1 100); do
-  grep -q "mounted at" "$WORK/talon-up.log" && break
-  sleep 0.2
-done
-grep -q "mounted at" "$WORK/talon-up.log" || { cat "$WORK/talon-up.log"; exit 1; }
+talon_up "$WORK/talon-mnt" "$LISTEN"
 bench talon "$WORK/talon-mnt"
 
 # JuiceFS (optional, when `juicefs` is on PATH): local-file object storage, with its

@@ -15,21 +15,10 @@ set -euo pipefail
 
 : "${PJDFSTEST:?set PJDFSTEST to a built pjdfstest checkout}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-TARGET_DIR="${CARGO_TARGET_DIR:-$HERE/../../target}"
-TALON="${TALON:-$TARGET_DIR/release/talon}"
-WORK="${WORK:-$(mktemp -d /tmp/talon-pjd.XXXXXX)}"
+WORK_PREFIX=talon-pjd
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 LISTEN="${LISTEN:-127.0.0.1:7102}"
-PIDS=()
-MOUNTS=()
-
-cleanup() {
-  for m in "${MOUNTS[@]}"; do
-    fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-  done
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
 
 tests=()
 if [ "$#" -eq 0 ]; then
@@ -53,16 +42,7 @@ mount -o loop "$WORK/ext4.img" "$WORK/ext4"
 MOUNTS+=("$WORK/ext4")
 suite ext4 "$WORK/ext4"
 
-mkdir -p "$WORK/mnt"
-"$TALON" up "$WORK/mnt" --data "$WORK/data" --listen "$LISTEN" --allow-other \
-  2>"$WORK/talon-up.log" &
-PIDS+=($!)
-MOUNTS+=("$WORK/mnt")
-for _ in $(seq 1 100); do
-  grep -q "mounted at" "$WORK/talon-up.log" && break
-  sleep 0.2
-done
-grep -q "mounted at" "$WORK/talon-up.log" || { cat "$WORK/talon-up.log"; exit 1; }
+talon_up "$WORK/mnt" "$LISTEN" --allow-other
 "$TALON" mkdir --cluster "$LISTEN" --strict /strict
 mkdir "$WORK/mnt/relaxed"
 chmod 0777 "$WORK/mnt/strict" "$WORK/mnt/relaxed"
