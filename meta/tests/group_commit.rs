@@ -53,34 +53,42 @@ async fn concurrent_creates_share_proposals_and_fsyncs() {
         "{entries} entries for {CREATES} creates: requests were not merged"
     );
 
-    // All partitions: appends per fsync.
-    let (a0, s0) = node.log_stats();
-    let names: Vec<Vec<u8>> = (0..CREATES).map(|i| format!("g{i}").into_bytes()).collect();
+    // All partitions: appends per fsync. Whether appends of different groups meet in one
+    // fsync depends on their timing, so up to five waves are sent; one that shares is
+    // enough, and a log that never shares fails.
     let c = Arc::new(c);
-    let tasks: Vec<_> = names
-        .into_iter()
-        .map(|n| {
-            let c = c.clone();
-            tokio::spawn(
-                async move { c.create(dir, &n, CreateSpec::file(0o644)).await.map(|_| ()) },
-            )
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task").expect("create");
+    let mut seen = Vec::new();
+    for wave in 0..5 {
+        let (a0, s0) = node.log_stats();
+        let tasks: Vec<_> = (0..CREATES)
+            .map(|i| {
+                let c = c.clone();
+                let n = format!("g{wave}-{i}").into_bytes();
+                tokio::spawn(
+                    async move { c.create(dir, &n, CreateSpec::file(0o644)).await.map(|_| ()) },
+                )
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task").expect("create");
+        }
+        let (a1, s1) = node.log_stats();
+        let (appends, syncs) = (a1 - a0, s1 - s0);
+        println!(
+            "{CREATES} concurrent creates over 8 partitions: {appends} log appends, {syncs} fsyncs"
+        );
+        assert!(
+            syncs <= CREATES as u64 / 4,
+            "{syncs} fsyncs for {CREATES} creates"
+        );
+        seen.push((appends, syncs));
+        if syncs < appends {
+            break;
+        }
     }
-    let (a1, s1) = node.log_stats();
-    let (appends, syncs) = (a1 - a0, s1 - s0);
-    println!(
-        "{CREATES} concurrent creates over 8 partitions: {appends} log appends, {syncs} fsyncs"
-    );
     assert!(
-        syncs < appends,
-        "every append paid its own fsync ({appends} appends, {syncs} fsyncs)"
-    );
-    assert!(
-        syncs <= CREATES as u64 / 4,
-        "{syncs} fsyncs for {CREATES} creates"
+        seen.iter().any(|(a, s)| s < a),
+        "every append paid its own fsync in every wave (appends, fsyncs): {seen:?}"
     );
     cluster.shutdown().await;
 }
