@@ -876,7 +876,7 @@ impl Client {
                 exclusive: opts.exclusive,
                 ..CreateSpec::file(opts.perm)
             };
-            let created = match self.create_path_spec(&comps, spec).await {
+            let created = match self.create_comps(&comps, spec, Errno::EISDIR, "open").await {
                 // A symlink (or other non-file) of that name: open what it names.
                 Err(e) if e.errno() == Errno::EEXIST && !opts.exclusive => None,
                 r => Some(r?),
@@ -943,24 +943,6 @@ impl Client {
         f.set_len(size).await?;
         f.flush().await?;
         f.metadata().await
-    }
-
-    async fn create_path_spec(
-        &self,
-        comps: &path::Components,
-        spec: CreateSpec,
-    ) -> Result<Attr, TalonError> {
-        let (name, parent) = crate::paths::split_last(comps, Errno::EISDIR, "open")?;
-        Self::check_spec(&name, &spec)?;
-        let (name, parent, spec) = (&name, &parent, &spec);
-        self.path_op(|epoch| async move {
-            let dir = self.resolve_dir(parent, epoch).await?;
-            Ok(self
-                .rpc_create(dir.ino, dir.class, name, spec, epoch)
-                .await?
-                .0)
-        })
-        .await
     }
 }
 

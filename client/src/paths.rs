@@ -310,8 +310,19 @@ impl Client {
         root: Errno,
         op: &str,
     ) -> Result<Attr, TalonError> {
-        let comps = path::components(path)?;
-        let (name, parent) = split_last(&comps, root, op)?;
+        self.create_comps(&path::components(path)?, spec, root, op)
+            .await
+    }
+
+    /// Creates the entry `comps` names; `root` is the errno when `comps` is the root.
+    pub(crate) async fn create_comps(
+        &self,
+        comps: &path::Components,
+        spec: CreateSpec,
+        root: Errno,
+        op: &str,
+    ) -> Result<Attr, TalonError> {
+        let (name, parent) = split_last(comps, root, op)?;
         Self::check_spec(&name, &spec)?;
         let (name, parent, spec) = (&name, &parent, &spec);
         self.path_op(|epoch| async move {
