@@ -22,14 +22,7 @@ async fn epochs(cluster: &TestCluster) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn directory_renames_bump_every_partition_and_stale_writes_are_refused() {
-    let cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(3, 8).await;
     assert_eq!(epochs(&cluster).await, vec![1; 8], "epochs start at 1");
     let root = c.root();
     c.create(root, b"f", CreateSpec::file(0o644))

@@ -4,7 +4,6 @@
 
 mod common;
 
-use common::TestCluster;
 use std::sync::Arc;
 use talon_client::CreateSpec;
 use talon_model::placement::entry_partition;
@@ -14,14 +13,7 @@ const CREATES: usize = 400;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_creates_share_proposals_and_fsyncs() {
-    let cluster = TestCluster::builder()
-        .nodes(1)
-        .partitions(8)
-        .replication(1)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(1, 8).await;
     let dir = c.mkdir("/d", Default::default()).await.expect("mkdir").ino;
     let node = cluster.node(1).expect("node").node.clone();
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, TestCluster};
+use common::eventually;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,14 +15,7 @@ use tokio::sync::Mutex;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn creates_go_on_when_one_partition_leader_stops() {
-    let mut cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (mut cluster, c) = common::cluster(3, 8).await;
     let dir = c.mkdir("/d", Default::default()).await.expect("mkdir").ino;
     const TARGET: u32 = 5;
     // Names that all land on partition TARGET.

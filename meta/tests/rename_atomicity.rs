@@ -15,7 +15,6 @@
 
 mod common;
 
-use common::TestCluster;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,14 +42,7 @@ async fn exists(c: &Client, dir: Ino, name: &[u8]) -> Option<Ino> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cross_partition_rename_is_atomic_under_concurrency() {
-    let cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(3, 8).await;
     let a = c
         .mkdir("/a", Default::default())
         .await

@@ -32,14 +32,7 @@ async fn children_on_leaders(cluster: &TestCluster, dir: talon_model::Ino) -> Ve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rmdir_never_leaves_children_or_loses_creates() {
-    let cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(3, 8).await;
     let root = c.root();
     let mut rmdir_won = 0;
     let mut creates_won = 0;

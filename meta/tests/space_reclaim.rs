@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{eventually, TestCluster};
+use common::eventually;
 use futures::StreamExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,14 +24,7 @@ fn body(i: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_half_the_files_gives_the_space_back() {
-    let cluster = TestCluster::builder()
-        .nodes(1)
-        .partitions(4)
-        .replication(1)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(1, 4).await;
     let node = cluster.node(1).expect("node").node.clone();
     let raw = NamespaceClient::connect(format!("http://{}", cluster.addrs()[0]))
         .await

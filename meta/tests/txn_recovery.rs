@@ -5,7 +5,6 @@
 
 mod common;
 
-use common::TestCluster;
 use std::time::{Duration, Instant};
 use talon_client::CreateSpec;
 use talon_meta::types::{Command, CommandResult, Expect, Op, Target, TxId};
@@ -31,14 +30,7 @@ fn split_names(a: Ino, b: Ino) -> (Vec<u8>, Vec<u8>) {
 }
 
 async fn orphaned_rename(commit_decided: bool) {
-    let cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
+    let (cluster, c) = common::cluster(3, 8).await;
     let a = c.mkdir("/a", Default::default()).await.expect("mkdir").ino;
     let b = c.mkdir("/b", Default::default()).await.expect("mkdir").ino;
     let (x, y) = split_names(a, b);

@@ -22,6 +22,20 @@ pub async fn client(addrs: &[String]) -> Client {
     Client::connect(addrs, opts).await.expect("connect client")
 }
 
+/// An in-process cluster of `nodes` nodes and `partitions` partitions (replication
+/// min(3, nodes)), and a client of it.
+pub async fn cluster(nodes: u64, partitions: u32) -> (TestCluster, Client) {
+    let cluster = TestCluster::builder()
+        .nodes(nodes)
+        .partitions(partitions)
+        .replication(nodes.min(3) as u32)
+        .start()
+        .await
+        .expect("cluster");
+    let c = client(&cluster.addrs()).await;
+    (cluster, c)
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
     l.local_addr().expect("local addr").port()
