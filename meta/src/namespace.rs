@@ -353,7 +353,7 @@ impl Node {
         parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
-    ) -> Result<Vec<Op>, TalonError> {
+    ) -> Result<(Vec<Op>, Class), TalonError> {
         check_name(name)?;
         if spec.kind == FileKind::Symlink {
             validate_symlink_target(&spec.symlink)
@@ -405,7 +405,7 @@ impl Node {
                 now,
             });
         }
-        Ok(ops)
+        Ok((ops, pclass))
     }
 
     /// Creates a file, directory, symlink or special file.
@@ -418,17 +418,19 @@ impl Node {
         spec: &CreateSpec,
     ) -> Result<(Attr, u64), TalonError> {
         let part = self.local(p)?;
-        let ops = self.plan_create(part, epoch, parent, name, spec).await?;
+        let (ops, pclass) = self.plan_create(part, epoch, parent, name, spec).await?;
         let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-        self.finish_create(part, epoch, parent, name, spec, res)
+        self.finish_create(part, epoch, (parent, pclass), name, spec, res)
             .await
     }
 
+    /// Answers a create from its proposal's result; `parent` comes with its class, as
+    /// planning found it.
     async fn finish_create(
         &self,
         part: &Partition,
         epoch: u64,
-        parent: Ino,
+        (parent, pclass): (Ino, Class),
         name: &[u8],
         spec: &CreateSpec,
         res: CommandResult,
@@ -440,9 +442,8 @@ impl Node {
                         TalonError::Unavailable("create allocated no inode".into())
                     })?;
                 if parent.home() != part.id {
-                    let (class, _) = self.dir_class(part, parent).await?;
                     let nlink = i32::from(spec.kind == FileKind::Directory);
-                    self.touch_parent(parent, class, nlink, Time::now()).await;
+                    self.touch_parent(parent, pclass, nlink, Time::now()).await;
                 }
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
@@ -494,9 +495,9 @@ impl Node {
     ) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
         let part = self.local(p)?;
         let futs = items.into_iter().map(|(parent, name, spec)| async move {
-            let ops = self.plan_create(part, epoch, parent, &name, &spec).await?;
+            let (ops, pclass) = self.plan_create(part, epoch, parent, &name, &spec).await?;
             let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-            self.finish_create(part, epoch, parent, &name, &spec, res)
+            self.finish_create(part, epoch, (parent, pclass), &name, &spec, res)
                 .await
                 .map(|(a, _)| a)
         });
