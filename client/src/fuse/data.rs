@@ -30,9 +30,9 @@ pub(crate) struct DataHandle {
     /// without waiting for the lock by `getattr`.
     dirty: AtomicBool,
     size: AtomicU64,
-    /// When the last uncommitted change was made (ns since the epoch): the file's mtime and
-    /// ctime as this handle shows them until the commit gives the cluster's own.
-    changed_ns: AtomicU64,
+    /// When the last uncommitted change was made: the file's mtime and ctime as this
+    /// handle shows them until the commit gives the cluster's own.
+    changed: std::sync::Mutex<Time>,
 }
 
 fn closed(ino: Ino) -> TalonError {
@@ -57,7 +57,7 @@ impl DataHandle {
             file: Mutex::new(Some(file)),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),
-            changed_ns: AtomicU64::new(0),
+            changed: std::sync::Mutex::new(Time::default()),
         })
     }
 
@@ -65,11 +65,7 @@ impl DataHandle {
     async fn note_change(&self, f: &mut File) -> Result<(), TalonError> {
         let size = f.len().await?;
         self.size.store(size, Ordering::Release);
-        let now = Time::now();
-        let ns = (now.secs.max(0) as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(now.nanos));
-        self.changed_ns.store(ns, Ordering::Release);
+        *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Time::now();
         self.dirty.store(true, Ordering::Release);
         Ok(())
     }
@@ -106,11 +102,7 @@ impl DataHandle {
     pub fn overlay(&self, mut a: Attr) -> Attr {
         if let Some(size) = self.pending_size() {
             a.size = size;
-            let ns = self.changed_ns.load(Ordering::Acquire);
-            let changed = Time {
-                secs: (ns / 1_000_000_000) as i64,
-                nanos: (ns % 1_000_000_000) as u32,
-            };
+            let changed = *self.changed.lock().unwrap_or_else(|e| e.into_inner());
             a.mtime = a.mtime.max(changed);
             a.ctime = a.ctime.max(changed);
         }
