@@ -490,8 +490,19 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
             _ = tick.tick() => node.flush_dir_touches().await,
         }
     }
-    node.flush_dir_touches().await;
+    // One last, bounded try: a node stopping after its peers has no quorum left, and its
+    // Raft write would wait forever. What does not land is lost (a relaxed directory's
+    // mtime/nlink may stay stale, never its entries).
+    if tokio::time::timeout(FINAL_TOUCH_FLUSH, node.flush_dir_touches())
+        .await
+        .is_err()
+    {
+        tracing::warn!("directory attribute updates dropped at shutdown: no quorum in time");
+    }
 }
+
+/// How long a stopping node tries to apply its queued directory attribute updates.
+const FINAL_TOUCH_FLUSH: Duration = Duration::from_secs(2);
 
 /// A node serving on a listener.
 pub struct RunningNode {
