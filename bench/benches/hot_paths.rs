@@ -1,0 +1,3 @@
+//! Criterion benches of hot paths.
+
+fn main() {}
