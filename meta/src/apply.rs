@@ -328,6 +328,7 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::Relearn { .. }
             | Op::PutChunk { .. }
             | Op::DropChunks(_)
+            | Op::ReclaimUnlinked(_)
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -605,9 +606,17 @@ impl Applier {
                         return Ok(Err(posix(Errno::ENODATA, "no such xattr")));
                     }
                 }
-                Op::AdjustInode { ino, .. }
-                | Op::DropInode(ino)
-                | Op::SetClass { dir: ino, .. } => {
+                Op::AdjustInode { ino, nlink, .. } => match v.inode(*ino)? {
+                    None => return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}")))),
+                    Some(r) if *nlink > 0 && is_unlinked(&r.attr) => {
+                        return Ok(Err(posix(
+                            Errno::ENOENT,
+                            format!("inode {ino} has been unlinked"),
+                        )))
+                    }
+                    Some(_) => {}
+                },
+                Op::DropInode(ino) | Op::SetClass { dir: ino, .. } => {
                     if v.inode(*ino)?.is_none() {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
@@ -647,6 +656,7 @@ impl Applier {
                 | Op::BumpEpoch(_)
                 | Op::PutChunk { .. }
                 | Op::DropChunks(_)
+                | Op::ReclaimUnlinked(_)
                 | Op::TouchDir { .. } => {}
             }
         }
@@ -760,8 +770,11 @@ impl Applier {
                     if let Some(p) = parent {
                         rec.attr.parent = *p;
                     }
-                    if rec.attr.nlink == 0 && rec.attr.kind != FileKind::Directory {
-                        self.drop_inode(v, *ino)?;
+                    if is_unlinked(&rec.attr) {
+                        // Kept, readable by inode, until the collector reclaims it after
+                        // the grace period (`ReclaimUnlinked`).
+                        v.put(keys::unlinked(*ino), now.as_millis().to_le_bytes().to_vec());
+                        v.put(keys::inode(*ino), enc(&rec));
                         out.attrs.push((*ino, None));
                     } else {
                         out.attrs.push((*ino, Some(rec.attr.clone())));
@@ -895,6 +908,18 @@ impl Applier {
                         v.del(keys::chunk_time(*ino, *w, *i));
                     }
                 }
+                Op::ReclaimUnlinked(inos) => {
+                    for ino in inos {
+                        let k = keys::unlinked(*ino);
+                        if v.get(&k)?.is_none() || v.locked(&keys::inode(*ino))?.is_some() {
+                            continue;
+                        }
+                        v.del(k);
+                        if v.inode(*ino)?.is_some_and(|r| is_unlinked(&r.attr)) {
+                            self.drop_inode(v, *ino)?;
+                        }
+                    }
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
@@ -957,6 +982,12 @@ impl Applier {
         v.del(keys::inode(ino));
         v.add_counter(meta::INODES, -1)
     }
+}
+
+/// Whether a non-directory has lost its last name and waits, readable by inode, to be
+/// reclaimed.
+pub fn is_unlinked(a: &Attr) -> bool {
+    a.nlink == 0 && a.kind != FileKind::Directory
 }
 
 /// Applies a setattr change to attributes.

@@ -48,6 +48,11 @@ pub struct ClusterConfig {
     /// Chunks no committed layout names are reclaimed once older than this (ms): long
     /// enough for a slow writer to commit.
     pub chunk_gc_grace_ms: u64,
+    /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
+    /// for this long (ms), so a reader that looked the name up just before still opens and
+    /// reads the old contents; then, or at once when the node's data file system is short
+    /// of space, it is reclaimed.
+    pub unlinked_grace_ms: u64,
 }
 
 /// One node of the cluster.
@@ -106,6 +111,7 @@ impl Default for ClusterConfig {
             small_file_max: 1 << 20,
             chunk_size: 4 << 20,
             chunk_gc_grace_ms: 10 * 60 * 1000,
+            unlinked_grace_ms: 30_000,
         }
     }
 }
@@ -203,6 +209,12 @@ impl Config {
         }
         if c.chunk_size < 4096 || c.chunk_size > 8 << 20 {
             return Err(invalid("cluster.chunk_size", "must be 4096..=8388608"));
+        }
+        if c.unlinked_grace_ms > 24 * 3600 * 1000 {
+            return Err(invalid(
+                "cluster.unlinked_grace_ms",
+                "must be at most a day (86400000)",
+            ));
         }
         if c.max_proposal_batch == 0 {
             return Err(invalid("cluster.max_proposal_batch", "must be at least 1"));

@@ -412,6 +412,43 @@ impl Node {
         }
     }
 
+    /// One round of reclaiming unlinked files on the partitions this node leads: those
+    /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
+    /// system has less than a tenth of its space free.
+    pub async fn collect_unlinked(&self) {
+        let grace = self.config.cluster.unlinked_grace_ms;
+        let short = self.data_fs_space().is_ok_and(|s| s.avail < s.total / 10);
+        let now = now_ms();
+        for (p, part) in &self.partitions {
+            if part.leader() != Some(self.config.node_id) {
+                continue;
+            }
+            let due: Vec<Ino> = match part.store.unlinked(GC_SCAN_LIMIT) {
+                Ok(u) => u
+                    .into_iter()
+                    .filter(|&(_, at)| short || now.saturating_sub(at) >= grace)
+                    .map(|(ino, _)| ino)
+                    .collect(),
+                Err(e) => {
+                    tracing::error!(partition = p, "scan unlinked files: {e}");
+                    continue;
+                }
+            };
+            for batch in due.chunks(1000) {
+                let n = batch.len();
+                match part
+                    .propose(Command::Atomic(vec![Op::ReclaimUnlinked(batch.to_vec())]))
+                    .await
+                {
+                    Ok(_) => tracing::debug!(partition = p, files = n, "reclaimed unlinked files"),
+                    Err(e) => {
+                        tracing::warn!(partition = p, "reclaiming unlinked files deferred: {e}")
+                    }
+                }
+            }
+        }
+    }
+
     /// Compacts partitions (on this replica) that deleted many bodies or chunks.
     pub async fn compact_if_needed(&self) {
         for part in self.partitions.values() {
@@ -447,16 +484,24 @@ fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {
     }
 }
 
-/// Background garbage collection and compaction; stops on `cancel`.
+/// Background garbage collection and compaction; stops on `cancel`. Each collector runs
+/// about four times per grace period (within 250 ms..30 s), so nothing outlives its grace
+/// by more than a quarter of it; compaction follows every round.
 pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
-    let period =
-        Duration::from_millis((node.config.cluster.chunk_gc_grace_ms / 4).clamp(250, 30_000));
-    let mut tick = tokio::time::interval(period);
+    let period = |grace_ms: u64| Duration::from_millis((grace_ms / 4).clamp(250, 30_000));
+    let chunk_period = period(node.config.cluster.chunk_gc_grace_ms);
+    let unlinked_period = period(node.config.cluster.unlinked_grace_ms);
+    let mut tick = tokio::time::interval(chunk_period.min(unlinked_period));
+    let mut chunks_due = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tick.tick() => {
-                node.collect_chunks().await;
+                node.collect_unlinked().await;
+                if tokio::time::Instant::now() >= chunks_due {
+                    node.collect_chunks().await;
+                    chunks_due = tokio::time::Instant::now() + chunk_period;
+                }
                 node.compact_if_needed().await;
             }
         }

@@ -17,6 +17,7 @@
 //! | `B` | ino                  | `BodyRec`: a small file's whole body    |
 //! | `K` | ino ‖ write id ‖ idx | `ChunkRec`: one chunk of a large file    |
 //! | `W` | ino ‖ write id ‖ idx | when the chunk was written (u64 ms)      |
+//! | `U` | ino                  | when the file lost its last name (u64 ms)|
 //! | `M` | name                 | partition metadata (applied, epoch, ...) |
 //!
 //! Lock keys (`L` ‖ k) name the key they protect: a dentry or inode key, `F` ‖ dir for an
@@ -51,6 +52,13 @@ pub mod tag {
     pub const CHUNK: u8 = b'K';
     /// Write times of chunks (small records the collector scans instead of the chunks).
     pub const CHUNK_TIME: u8 = b'W';
+    /// Unlinked files kept readable for a grace period, with the time they were unlinked.
+    pub const UNLINKED: u8 = b'U';
+}
+
+/// Key of an unlinked file's record (kept until it is reclaimed).
+pub fn unlinked(ino: Ino) -> Vec<u8> {
+    with_ino(tag::UNLINKED, ino)
 }
 
 /// Key of a small file's body.

@@ -16,7 +16,7 @@
 //! a relaxed one asynchronously within ~50 ms (DESIGN.md allows this; a crash in that
 //! window can leave a relaxed parent's nlink/mtime stale).
 
-use crate::apply::{fresh_attr, Dentry, InodeRec};
+use crate::apply::{fresh_attr, is_unlinked, Dentry, InodeRec};
 use crate::node::{storage_error, Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::types::{AttrChange, CommandResult, Expect, Op, Target};
@@ -874,6 +874,12 @@ impl Node {
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         if rec.attr.kind == FileKind::Directory {
             return Err(posix(Errno::EPERM, "cannot hard-link a directory"));
+        }
+        if is_unlinked(&rec.attr) {
+            return Err(posix(
+                Errno::ENOENT,
+                format!("inode {ino} has been unlinked"),
+            ));
         }
         let now = Time::now();
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();

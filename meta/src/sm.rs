@@ -516,21 +516,42 @@ impl SmStore {
 
     /// Chunks held here with their write times: (ino, write id, index, ms), at most `limit`.
     pub fn chunks(&self, limit: usize) -> Result<Vec<(Ino, u64, u32, u64)>, Fatal> {
+        self.timed_records(keys::tag::CHUNK_TIME, limit, |k, at| {
+            keys::chunk_of(k).map(|(ino, w, i)| (ino, w, i, at))
+        })
+    }
+
+    /// Unlinked files waiting to be reclaimed, with when they lost their last name:
+    /// (ino, ms), at most `limit`.
+    pub fn unlinked(&self, limit: usize) -> Result<Vec<(Ino, u64)>, Fatal> {
+        self.timed_records(keys::tag::UNLINKED, limit, |k, at| {
+            keys::ino_at(k, 1).map(|ino| (ino, at))
+        })
+    }
+
+    /// Up to `limit` records of table `tag` whose values are u64 ms times, decoded by `f`
+    /// from the key and the time (keys `f` cannot decode are skipped).
+    fn timed_records<T>(
+        &self,
+        tag: u8,
+        limit: usize,
+        f: impl Fn(&[u8], u64) -> Option<T>,
+    ) -> Result<Vec<T>, Fatal> {
         let db = self.db();
         let mut it = db.raw_iterator();
-        it.seek([keys::tag::CHUNK_TIME]);
+        it.seek([tag]);
         let mut out = Vec::new();
         while let Some(k) = it.key() {
-            if k.first() != Some(&keys::tag::CHUNK_TIME) || out.len() >= limit {
+            if k.first() != Some(&tag) || out.len() >= limit {
                 break;
             }
             let at: [u8; 8] = it
                 .value()
                 .unwrap_or_default()
                 .try_into()
-                .map_err(|_| Fatal::Corrupt("chunk time".into()))?;
-            if let Some((ino, w, i)) = keys::chunk_of(k) {
-                out.push((ino, w, i, u64::from_le_bytes(at)));
+                .map_err(|_| Fatal::Corrupt(format!("time record of table {}", tag as char)))?;
+            if let Some(t) = f(k, u64::from_le_bytes(at)) {
+                out.push(t);
             }
             it.next();
         }

@@ -9,7 +9,7 @@
 //! node and is carried out, the answer never reaches the client, and the connection
 //! breaks — the "applied, but the client does not know" case of a real network.
 
-use crate::config::{Config, NodeEntry, RaftConfig};
+use crate::config::{ClusterConfig, Config, NodeEntry, RaftConfig};
 use crate::node::RunningNode;
 use openraft::ServerState;
 use std::collections::BTreeMap;
@@ -30,6 +30,7 @@ pub struct TestClusterBuilder {
     small_file_max: u32,
     chunk_size: u32,
     chunk_gc_grace_ms: u64,
+    unlinked_grace_ms: u64,
     raft: RaftConfig,
     lossy_front: bool,
 }
@@ -75,6 +76,11 @@ impl TestClusterBuilder {
     /// Grace period before unreferenced chunks are reclaimed.
     pub fn chunk_gc_grace_ms(mut self, ms: u64) -> Self {
         self.chunk_gc_grace_ms = ms;
+        self
+    }
+    /// How long an unlinked file stays readable by inode before it is reclaimed.
+    pub fn unlinked_grace_ms(mut self, ms: u64) -> Self {
+        self.unlinked_grace_ms = ms;
         self
     }
     /// Snapshot every `n` entries, keeping `keep` entries behind it.
@@ -123,6 +129,7 @@ impl TestClusterBuilder {
             c.cluster.small_file_max = self.small_file_max;
             c.cluster.chunk_size = self.chunk_size;
             c.cluster.chunk_gc_grace_ms = self.chunk_gc_grace_ms;
+            c.cluster.unlinked_grace_ms = self.unlinked_grace_ms;
             c.raft = self.raft.clone();
             let running = RunningNode::start(c.clone(), listener).await?;
             configs.insert(id, c);
@@ -159,6 +166,7 @@ impl TestCluster {
             small_file_max: 1 << 20,
             chunk_size: 4 << 20,
             chunk_gc_grace_ms: 10 * 60 * 1000,
+            unlinked_grace_ms: ClusterConfig::default().unlinked_grace_ms,
             raft: RaftConfig {
                 heartbeat_ms: 100,
                 election_timeout_min_ms: 500,

@@ -162,8 +162,10 @@ pub enum Op {
         /// Entry name.
         name: Vec<u8>,
     },
-    /// Change an inode's link count and times; an inode whose count drops to zero (a
-    /// directory: to one or less, the "." link) is deleted with its xattrs.
+    /// Change an inode's link count and times. A file whose count drops to zero stays,
+    /// unlinked, for the grace period (`unlinked_grace_ms`) so readers that looked its name
+    /// up just before can still open it by inode; `ReclaimUnlinked` then deletes it. A
+    /// count raised from zero is refused (ENOENT): an unlinked file gets no new name.
     AdjustInode {
         /// The inode.
         ino: Ino,
@@ -270,6 +272,10 @@ pub enum Op {
         /// Time to set as mtime/ctime if newer.
         now: Time,
     },
+    /// Reclaim unlinked files whose grace period is over (see `AdjustInode`): drop each
+    /// inode that is still unlinked, with its body and xattrs. Appended last: the log's
+    /// encoding numbers variants by position.
+    ReclaimUnlinked(Vec<Ino>),
 }
 
 /// A command in a partition's Raft log.

@@ -49,6 +49,7 @@ async fn fixture(grace_ms: u64) -> Fx {
         .replication(1)
         .file_sizes(SMALL, CHUNK)
         .chunk_gc_grace_ms(grace_ms)
+        .unlinked_grace_ms(grace_ms)
         .start()
         .await
         .expect("cluster");
@@ -397,7 +398,8 @@ async fn a_flipped_byte_is_an_io_error_never_bad_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_no_layout_names_are_reclaimed() {
-    let mut fx = fixture(500).await;
+    // Long enough that the set-up below is done before anything becomes garbage.
+    let mut fx = fixture(3000).await;
     let node = fx.cluster.node(1).expect("node").node.clone();
     let count = |node: &talon_meta::node::Node| {
         node.partitions
@@ -445,7 +447,7 @@ async fn chunks_no_layout_names_are_reclaimed() {
     fx.client.unlink("/gone").await.expect("unlink");
     assert_eq!(count(&node), 10);
     eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "garbage chunks to be reclaimed",
         || {
             let n = count(&node);

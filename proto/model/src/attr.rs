@@ -79,6 +79,14 @@ impl Time {
             nanos: d.subsec_nanos(),
         }
     }
+
+    /// Milliseconds since the epoch (0 for a time before it).
+    pub fn as_millis(&self) -> u64 {
+        u64::try_from(self.secs)
+            .unwrap_or(0)
+            .saturating_mul(1000)
+            .saturating_add(u64::from(self.nanos / 1_000_000))
+    }
 }
 
 /// The attributes of one inode.
