@@ -144,9 +144,39 @@ pub struct MountArgs {
     /// cluster's staleness bound). Strict paths are never cached.
     #[arg(long, value_name = "SECS")]
     pub relaxed_ttl: Option<f64>,
-    /// Let other users use the mount (and check their permissions from the mode bits).
-    #[arg(long)]
+    /// Who may use the mount.
+    #[command(flatten)]
+    pub access: AccessArgs,
+}
+
+/// Who may use a mount: every user (their access checked from the mode bits) or only the
+/// one who made it.
+#[derive(Debug, Args)]
+pub struct AccessArgs {
+    /// Let every user use the mount, each checked against the mode bits: the default when
+    /// run as root. Other users need `user_allow_other` in /etc/fuse.conf for it.
+    #[arg(long, conflicts_with = "private")]
     pub allow_other: bool,
+    /// Only the user who mounts may use the mount: the default for users other than root.
+    #[arg(long)]
+    pub private: bool,
+}
+
+impl AccessArgs {
+    /// Whether to mount with `allow_other`, telling a user other than root how to share.
+    fn allow_other(&self) -> bool {
+        if self.private {
+            return false;
+        }
+        if self.allow_other || crate::fuse::running_as_root() {
+            return true;
+        }
+        eprintln!(
+            "talon: only you can use this mount; to share it, add `user_allow_other` to \
+             /etc/fuse.conf and pass --allow-other"
+        );
+        false
+    }
 }
 
 /// Arguments of `talon up`.
@@ -165,9 +195,9 @@ pub struct UpArgs {
     /// Seconds the kernel may cache entries and attributes of relaxed paths.
     #[arg(long, value_name = "SECS")]
     pub relaxed_ttl: Option<f64>,
-    /// Let other users use the mount.
-    #[arg(long)]
-    pub allow_other: bool,
+    /// Who may use the mount.
+    #[command(flatten)]
+    pub access: AccessArgs,
 }
 
 /// Arguments of `talon mkdir`.
@@ -260,7 +290,7 @@ async fn mount(cluster: &str, args: MountArgs) -> i32 {
     };
     let opts = crate::fuse::MountOptions {
         relaxed_ttl,
-        allow_other: args.allow_other,
+        allow_other: args.access.allow_other(),
         ..crate::fuse::MountOptions::new(&args.mountpoint)
     };
     let rt = tokio::runtime::Handle::current();
@@ -313,7 +343,7 @@ async fn up(args: UpArgs) -> i32 {
         mountpoint: args.mountpoint,
         listen: args.listen,
         relaxed_ttl,
-        allow_other: args.allow_other,
+        allow_other: args.access.allow_other(),
     };
     match crate::up::run(opts, crate::fuse::shutdown_signal(), |line| {
         eprintln!("{line}")

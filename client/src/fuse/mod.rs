@@ -7,8 +7,9 @@
 //!
 //! This module owns the mount's lifetime: it checks the mount point first (so a missing,
 //! non-directory or already mounted path is a clear error, not a kernel errno), mounts with
-//! `default_permissions` (the kernel checks mode bits) and optionally `allow_other`, and
-//! unmounts on shutdown, on drop of the [`Mount`] (also when a panic unwinds), or notices an
+//! `default_permissions` (the kernel checks mode bits) and, by default when root mounts,
+//! `allow_other` (a mount made by root for a training job that runs as another user must
+//! be usable by it; the mode bits still decide what each user may do), and unmounts on shutdown, on drop of the [`Mount`] (also when a panic unwinds), or notices an
 //! external `fusermount3 -u`.
 
 pub mod convert;
@@ -30,8 +31,9 @@ pub struct MountOptions {
     /// How long the kernel caches entries and attributes of relaxed paths. `None` takes
     /// the cluster's relaxed staleness bound. Strict paths are never cached.
     pub relaxed_ttl: Option<Duration>,
-    /// Let users other than the one mounting use the mount (`allow_other`; root may always
-    /// set it, others need `user_allow_other` in /etc/fuse.conf).
+    /// Let users other than the one mounting use the mount (`allow_other`), their access
+    /// checked from the mode bits. The default when running as root; other users need
+    /// `user_allow_other` in /etc/fuse.conf to set it.
     pub allow_other: bool,
     /// Threads reading requests from the kernel. Requests are answered from runtime tasks,
     /// so one is enough to keep many in flight; more help only at very high request rates.
@@ -44,10 +46,15 @@ impl MountOptions {
         MountOptions {
             mountpoint: mountpoint.into(),
             relaxed_ttl: None,
-            allow_other: false,
+            allow_other: running_as_root(),
             threads: 2,
         }
     }
+}
+
+/// Whether this process runs as root (and so may let other users use its mounts).
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 /// Why a mount could not be made or ended.
