@@ -110,6 +110,59 @@ impl Mounted {
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }
+
+    /// The fixture's runtime, for driving the library from other threads.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.rt.handle().clone()
+    }
+
+    /// A second mount of the same cluster through its own client (its own caches), like a
+    /// second machine's; unmounted when dropped.
+    pub fn mount_again(&self) -> OtherMount {
+        let cluster = self.cluster.as_ref().expect("running cluster");
+        let client = self
+            .rt
+            .block_on(Client::connect(&cluster.addrs(), ClientOptions::default()))
+            .expect("connect a second client");
+        let dir = tempfile::tempdir().expect("create a temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the temp dir");
+        let root = dir.path().join("mnt");
+        std::fs::create_dir(&root).expect("create the mount point");
+        let opts = MountOptions {
+            allow_other: true,
+            ..MountOptions::new(&root)
+        };
+        let mount =
+            Mount::start(client, &opts, self.rt.handle().clone()).expect("mount the cluster again");
+        OtherMount {
+            root,
+            mount: Some(mount),
+            _dir: dir,
+        }
+    }
+}
+
+/// A second mount of a fixture's cluster (see [`Mounted::mount_again`]). Drop it before
+/// the [`Mounted`] it came from.
+pub struct OtherMount {
+    /// The mount point.
+    pub root: PathBuf,
+    mount: Option<Mount>,
+    _dir: tempfile::TempDir,
+}
+
+impl OtherMount {
+    /// `rel` under the mount point.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel.trim_start_matches('/'))
+    }
+}
+
+impl Drop for OtherMount {
+    fn drop(&mut self) {
+        talon_client::fuse::unmount_clean(self.mount.take(), &self.root);
+    }
 }
 
 impl Drop for Mounted {
