@@ -1,7 +1,9 @@
 //! The command line: one subcommand per workload, each printing its report (a table, or
 //! JSON with `--json -`) and writing it to a JSON file when asked.
 
+use crate::imagenet::{self, ImagenetArgs};
 use crate::mdtest::{self, MdtestArgs};
+use crate::traverse::{self, TraverseArgs};
 use anyhow::Context;
 use serde::Serialize;
 use std::path::Path;
@@ -20,6 +22,11 @@ pub struct Cli {
 pub enum Command {
     /// IOR mdtest's metadata workload (same flags, phases and SUMMARY table).
     Mdtest(MdtestArgs),
+    /// Build a class-per-directory tree of JPEG-sized files, then read it in shuffled
+    /// epochs by K workers; optionally emulate accelerators that need a batch every T ms.
+    Imagenet(ImagenetArgs),
+    /// Build a deep tree and open and read its leaf files in random order.
+    Traverse(TraverseArgs),
 }
 
 /// Runs the workload the command line names; fails if any operation failed.
@@ -27,6 +34,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Mdtest(args) => {
             let report = mdtest::run(&args)?;
+            emit(&report, &report.table(), args.json.as_deref())?;
+            anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
+        }
+        Command::Imagenet(args) => {
+            let report = imagenet::run(&args)?;
+            emit(&report, &report.table(), args.json.as_deref())?;
+            anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
+        }
+        Command::Traverse(args) => {
+            let report = traverse::run(&args)?;
             emit(&report, &report.table(), args.json.as_deref())?;
             anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
         }

@@ -13,7 +13,10 @@
 //! command that reproduces it, and can be written as JSON.
 
 pub mod cli;
+pub mod epoch;
+pub mod imagenet;
 pub mod mdtest;
 pub mod stats;
 pub mod target;
 pub mod tasks;
+pub mod traverse;

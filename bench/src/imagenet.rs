@@ -1,0 +1,442 @@
+//! `talon-bench imagenet`: the training-loader workload.
+//!
+//! Builds `DIR/nCCCCCCCC/img_IIIIIIII.JPEG`, `--files` files of about `--size` bytes
+//! (uniformly ±`--spread`, seeded, so every target gets the same tree) in `--classes`
+//! class directories, then reads them whole in a shuffled order (a new shuffle each epoch)
+//! with `--workers` threads; each epoch reports images/s, MB/s and the read latency's
+//! p50/p99/p99.9. `--cold` drops the page cache (POSIX, as root) or starts a fresh client
+//! (library) before every epoch.
+//!
+//! Loader mode (`--accelerators 1,2,4,...`), in the spirit of MLPerf Storage: each
+//! accelerator needs a batch of `--batch` images every `--step-ms` (its compute time per
+//! step) for `--steps` steps, fed by `--readers` reader threads through a queue of two
+//! batches (prefetch). An accelerator is busy while it computes and idle while it waits
+//! for a batch; utilisation is compute time over wall time. The report names the most
+//! accelerators the target kept at 90 % or more. Every accelerator reads its own slice of
+//! the shuffled files, so no file is read twice in one run unless the run needs more
+//! images than the tree holds.
+
+use crate::epoch::{self, BuildResult, EpochResult, FileSpec};
+use crate::mdtest::shell_word;
+use crate::target::{self, Fs, TargetSpec};
+use anyhow::{bail, Context};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Flags of `talon-bench imagenet`.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct ImagenetArgs {
+    /// Where to run: posix:PATH or talon:HOST:PORT[,...]. Without it, -d is a local path.
+    #[arg(long)]
+    pub target: Option<TargetSpec>,
+    /// Directory of the tree (inside the target when --target is given).
+    #[arg(short = 'd', long = "dir", default_value = "./imagenet")]
+    pub dir: String,
+    /// Files in the tree.
+    #[arg(long, default_value_t = 10_000)]
+    pub files: usize,
+    /// Class directories.
+    #[arg(long, default_value_t = 100)]
+    pub classes: usize,
+    /// Mean file size in bytes (ImageNet's JPEGs average about 110 KB).
+    #[arg(long, default_value_t = 110_000)]
+    pub size: usize,
+    /// Spread of the sizes around the mean, as a fraction (uniform).
+    #[arg(long, default_value_t = 0.25)]
+    pub spread: f64,
+    /// Threads that build the tree.
+    #[arg(long, default_value_t = 4)]
+    pub build_tasks: usize,
+    /// Concurrent readers in the epochs.
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// Measured epochs (0 for none).
+    #[arg(long, default_value_t = 2)]
+    pub epochs: u32,
+    /// Drop caches before every epoch and loader run.
+    #[arg(long)]
+    pub cold: bool,
+    /// Accelerator counts to try in loader mode (e.g. 1,2,4,8); none skips it.
+    #[arg(long, value_delimiter = ',')]
+    pub accelerators: Vec<usize>,
+    /// Images per batch in loader mode.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Compute time of one step in loader mode, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub step_ms: u64,
+    /// Steps per accelerator in loader mode.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Reader threads per accelerator in loader mode.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Use the tree already there (built by an earlier run with the same flags).
+    #[arg(long)]
+    pub no_build: bool,
+    /// Leave the tree in place at the end.
+    #[arg(long)]
+    pub keep: bool,
+    /// Also write the report as JSON to this file ("-" for stdout instead of the table).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+impl Default for ImagenetArgs {
+    fn default() -> Self {
+        ImagenetArgs {
+            target: None,
+            dir: "./imagenet".into(),
+            files: 10_000,
+            classes: 100,
+            size: 110_000,
+            spread: 0.25,
+            build_tasks: 4,
+            workers: 16,
+            epochs: 2,
+            cold: false,
+            accelerators: Vec::new(),
+            batch: 32,
+            step_ms: 100,
+            steps: 20,
+            readers: 4,
+            no_build: false,
+            keep: false,
+            json: None,
+            quiet: false,
+        }
+    }
+}
+
+impl ImagenetArgs {
+    /// The command that reproduces this run.
+    pub fn command_line(&self) -> String {
+        let mut c = format!(
+            "talon-bench imagenet -d {} --files {} --classes {} --size {} --spread {} \
+             --build-tasks {} --workers {} --epochs {}",
+            shell_word(&self.dir),
+            self.files,
+            self.classes,
+            self.size,
+            self.spread,
+            self.build_tasks,
+            self.workers,
+            self.epochs
+        );
+        if let Some(t) = &self.target {
+            c.push_str(&format!(" --target {}", shell_word(&t.to_string())));
+        }
+        if self.cold {
+            c.push_str(" --cold");
+        }
+        if !self.accelerators.is_empty() {
+            let list: Vec<String> = self.accelerators.iter().map(|a| a.to_string()).collect();
+            c.push_str(&format!(
+                " --accelerators {} --batch {} --step-ms {} --steps {} --readers {}",
+                list.join(","),
+                self.batch,
+                self.step_ms,
+                self.steps,
+                self.readers
+            ));
+        }
+        if self.no_build {
+            c.push_str(" --no-build");
+        }
+        if self.keep {
+            c.push_str(" --keep");
+        }
+        c
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.files == 0 || self.classes == 0 {
+            bail!("--files and --classes must be at least 1");
+        }
+        if self.files > 100_000_000 {
+            bail!("--files {} is more than this harness builds", self.files);
+        }
+        if self.size > 1 << 30 {
+            bail!("--size is at most 1 GiB");
+        }
+        if self.workers == 0 || self.build_tasks == 0 || self.readers == 0 {
+            bail!("--workers, --build-tasks and --readers must be at least 1");
+        }
+        if !self.accelerators.is_empty() && (self.batch == 0 || self.steps == 0) {
+            bail!("--batch and --steps must be at least 1 in loader mode");
+        }
+        if self.accelerators.iter().any(|&a| a == 0 || a > 1024) {
+            bail!("--accelerators takes counts from 1 to 1024");
+        }
+        Ok(())
+    }
+}
+
+/// One loader-mode run.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoaderResult {
+    /// Emulated accelerators.
+    pub accelerators: usize,
+    /// Mean utilisation over the accelerators (compute time / wall time), 0 to 1.
+    pub utilisation: f64,
+    /// The least-utilised accelerator's utilisation.
+    pub min_utilisation: f64,
+    /// Images delivered per second over all accelerators.
+    pub images_per_sec: f64,
+    /// Seconds the run took.
+    pub seconds: f64,
+    /// Reads that failed.
+    pub errors: u64,
+}
+
+/// The report of one `imagenet` run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImagenetReport {
+    /// `"imagenet"`.
+    pub workload: &'static str,
+    /// The command that reproduces the run.
+    pub command: String,
+    /// The target (`posix:…`, `talon:…` or `local`).
+    pub target: String,
+    /// The tree's directory.
+    pub dir: String,
+    /// Files in the tree.
+    pub files: u64,
+    /// Bytes in the tree.
+    pub bytes: u64,
+    /// Class directories.
+    pub classes: usize,
+    /// The build, unless `--no-build`.
+    pub build: Option<BuildResult>,
+    /// The measured epochs.
+    pub epochs: Vec<EpochResult>,
+    /// Loader-mode runs.
+    pub loader: Vec<LoaderResult>,
+    /// The most accelerators kept at ≥ 90 % utilisation, if any was.
+    pub max_accelerators_at_90: Option<usize>,
+    /// Failed calls over the run.
+    pub errors: u64,
+}
+
+impl ImagenetReport {
+    /// The human-readable report.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "Command line used: {}\nTarget: {}  Path: {}\nTree: {} files, {:.1} MB in {} classes\n",
+            self.command,
+            self.target,
+            self.dir,
+            self.files,
+            self.bytes as f64 / 1e6,
+            self.classes
+        );
+        if let Some(b) = &self.build {
+            s.push_str(&format!(
+                "Build: {} tasks, {:.2} s, {:.1} files/s, {:.1} MB/s, {} errors\n",
+                b.tasks, b.seconds, b.files_per_sec, b.mb_per_sec, b.errors
+            ));
+        }
+        if !self.epochs.is_empty() {
+            s.push('\n');
+            s.push_str(&epoch::epoch_table(&self.epochs));
+        }
+        if !self.loader.is_empty() {
+            s.push_str(&format!(
+                "\n{:>12} {:>12} {:>16} {:>10} {:>6}\n",
+                "accelerators", "utilisation", "min utilisation", "images/s", "errors"
+            ));
+            for l in &self.loader {
+                s.push_str(&format!(
+                    "{:>12} {:>11.1}% {:>15.1}% {:>10.1} {:>6}\n",
+                    l.accelerators,
+                    l.utilisation * 100.0,
+                    l.min_utilisation * 100.0,
+                    l.images_per_sec,
+                    l.errors
+                ));
+            }
+            match self.max_accelerators_at_90 {
+                Some(a) => s.push_str(&format!("Most accelerators at >= 90%: {a}\n")),
+                None => s.push_str("Most accelerators at >= 90%: none of those tried\n"),
+            }
+        }
+        if self.errors > 0 {
+            s.push_str(&format!("\nWARNING: {} operations failed\n", self.errors));
+        }
+        s
+    }
+}
+
+/// The tree's directories and files.
+pub fn tree(top: &str, a: &ImagenetArgs) -> (Vec<String>, Vec<FileSpec>) {
+    let dirs = (0..a.classes).map(|c| format!("{top}/n{c:08}")).collect();
+    let files = epoch::lengths(a.files, a.size, a.spread, 1)
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| FileSpec {
+            path: format!("{top}/n{:08}/img_{i:08}.JPEG", i % a.classes),
+            len,
+        })
+        .collect();
+    (dirs, files)
+}
+
+/// Runs the workload as `args` asks and returns its report.
+pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
+    args.validate()?;
+    let spec = args
+        .target
+        .clone()
+        .unwrap_or_else(|| TargetSpec::Posix(PathBuf::from(".")));
+    let fs = target::open(&spec)?;
+    let top = target::work_dir(args.target.as_ref(), &args.dir);
+    let (dirs, files) = tree(&top, args);
+    let build = if args.no_build {
+        None
+    } else {
+        fs.mkdir_all(&top)
+            .with_context(|| format!("make the tree's directory {top}"))?;
+        Some(epoch::build(
+            fs.as_ref(),
+            &dirs,
+            &files,
+            args.build_tasks,
+            args.quiet,
+        ))
+    };
+    let mut errors = build.as_ref().map_or(0, |b| b.errors);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+    let mut order: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let mut epochs = Vec::new();
+    for e in 1..=args.epochs {
+        order.shuffle(&mut rng);
+        if args.cold {
+            fs.drop_caches().context("drop caches")?;
+        }
+        let r = epoch::read_epoch(fs.as_ref(), &order, args.workers, e, args.cold, args.quiet);
+        errors += r.errors;
+        epochs.push(r);
+    }
+    let mut loader = Vec::new();
+    for &a in &args.accelerators {
+        order.shuffle(&mut rng);
+        if args.cold {
+            fs.drop_caches().context("drop caches")?;
+        }
+        let r = run_loader(fs.as_ref(), &order, a, args);
+        errors += r.errors;
+        loader.push(r);
+    }
+    let max_accelerators_at_90 = loader
+        .iter()
+        .filter(|l| l.utilisation >= 0.9)
+        .map(|l| l.accelerators)
+        .max();
+    if !args.keep {
+        errors += epoch::remove(fs.as_ref(), &dirs, &files, args.build_tasks);
+        if !args.no_build {
+            let _ = fs.rmdir(&top);
+        }
+    }
+    Ok(ImagenetReport {
+        workload: "imagenet",
+        command: args.command_line(),
+        target: args
+            .target
+            .as_ref()
+            .map_or_else(|| "local".to_string(), |t| t.to_string()),
+        dir: top,
+        files: files.len() as u64,
+        bytes: files.iter().map(|f| f.len as u64).sum(),
+        classes: args.classes,
+        build,
+        epochs,
+        loader,
+        max_accelerators_at_90,
+        errors,
+    })
+}
+
+/// `accelerators` emulated accelerators, each fed by its own readers, over slices of
+/// `order`.
+fn run_loader(fs: &dyn Fs, order: &[&str], accelerators: usize, a: &ImagenetArgs) -> LoaderResult {
+    let per_acc = a.batch * a.steps;
+    let step = Duration::from_millis(a.step_ms);
+    let errors = AtomicU64::new(0);
+    let start = Instant::now();
+    let utils: Vec<f64> = std::thread::scope(|s| {
+        let accs: Vec<_> = (0..accelerators)
+            .map(|acc| {
+                let errors = &errors;
+                s.spawn(move || {
+                    let (tx, rx) = mpsc::sync_channel::<()>(2 * a.batch);
+                    let cursor = AtomicU64::new(0);
+                    let stop = AtomicBool::new(false);
+                    std::thread::scope(|rs| {
+                        for _ in 0..a.readers {
+                            let (tx, cursor, stop) = (tx.clone(), &cursor, &stop);
+                            rs.spawn(move || {
+                                let mut buf = Vec::new();
+                                loop {
+                                    let k = cursor.fetch_add(1, Ordering::Relaxed) as usize;
+                                    if k >= per_acc || stop.load(Ordering::Relaxed) {
+                                        break;
+                                    }
+                                    let path = order[(acc * per_acc + k) % order.len()];
+                                    if fs.read_whole(path, &mut buf).is_err() {
+                                        errors.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    if tx.send(()).is_err() {
+                                        break;
+                                    }
+                                }
+                            });
+                        }
+                        drop(tx);
+                        // The accelerator: wait for a batch (idle), then compute (busy).
+                        let t0 = Instant::now();
+                        let mut busy = Duration::ZERO;
+                        'steps: for _ in 0..a.steps {
+                            for _ in 0..a.batch {
+                                if rx.recv().is_err() {
+                                    break 'steps;
+                                }
+                            }
+                            std::thread::sleep(step);
+                            busy += step;
+                        }
+                        stop.store(true, Ordering::Relaxed);
+                        // Unblock readers waiting on a full queue.
+                        while rx.try_recv().is_ok() {}
+                        drop(rx);
+                        busy.as_secs_f64() / t0.elapsed().as_secs_f64().max(1e-9)
+                    })
+                })
+            })
+            .collect();
+        accs.into_iter()
+            .map(|h| match h.join() {
+                Ok(u) => u,
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64().max(1e-9);
+    let n = utils.len().max(1) as f64;
+    LoaderResult {
+        accelerators,
+        utilisation: utils.iter().sum::<f64>() / n,
+        min_utilisation: utils.iter().copied().fold(1.0, f64::min),
+        images_per_sec: (accelerators * per_acc) as f64 / seconds,
+        seconds,
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
