@@ -1,0 +1,464 @@
+//! Checkers: each takes a whole history and says whether it is allowed, naming every
+//! anomaly it found.
+//!
+//! - [`check_registers`]: the operations on each register file must be linearizable. The
+//!   search is stateright's `LinearizabilityTester` (a maintained Wing–Gong style checker),
+//!   fed per key in history order. An `info` operation is left in flight forever, so the
+//!   tester may place it at any point after its invocation, or nowhere; a `fail` operation
+//!   is dropped, since it certainly had no effect.
+//! - [`check_set`]: after the run, every acknowledged create is listed, no listed name was
+//!   never attempted, and no create that failed is listed.
+//! - [`check_renames`]: at every listing of the two rename directories a file no rename of
+//!   which could have taken effect during the listing appears exactly once, and at the final
+//!   quiescent listing every file appears exactly once.
+//! - Any [`Call::Torn`] result (a checkpoint whose checksum did not match) is an anomaly.
+//!
+//! Checkers never look at timing beyond the real-time order of events, so a slow machine
+//! cannot turn a good history into a bad one.
+
+use crate::history::{pair, Call, Completed, Event, EventType, NEMESIS};
+use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Most operations on one register the checker accepts; the search is exponential in the
+/// worst case, so workloads move on to a new key well before this.
+pub const MAX_OPS_PER_KEY: usize = 64;
+
+/// What a checker concluded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the history is allowed.
+    pub valid: bool,
+    /// Every anomaly found, one line each, naming the operations (history indices).
+    pub anomalies: Vec<String>,
+    /// What was checked, for the summary.
+    pub checked: String,
+}
+
+impl Verdict {
+    fn new(checked: String, anomalies: Vec<String>) -> Verdict {
+        Verdict {
+            valid: anomalies.is_empty(),
+            anomalies,
+            checked,
+        }
+    }
+
+    /// Joins two verdicts on parts of one history.
+    pub fn and(mut self, other: Verdict) -> Verdict {
+        self.valid &= other.valid;
+        self.anomalies.extend(other.anomalies);
+        if self.checked.is_empty() {
+            self.checked = other.checked;
+        } else if !other.checked.is_empty() {
+            self.checked = format!("{}; {}", self.checked, other.checked);
+        }
+        self
+    }
+}
+
+/// A file used as a register: its contents (a number) or no file at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileRegister(pub Option<u64>);
+
+/// An operation on a [`FileRegister`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RegisterOp {
+    /// Read the contents.
+    Read,
+    /// Replace the contents (rename over).
+    Write(u64),
+    /// Set the contents if there is no file (rename NOREPLACE).
+    Cas(u64),
+    /// Remove the file.
+    Delete,
+}
+
+/// The result of a [`RegisterOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RegisterRet {
+    /// What a read saw.
+    Value(Option<u64>),
+    /// A write took effect.
+    Written,
+    /// Whether a compare-and-set took effect.
+    Created(bool),
+    /// Whether a delete found the file.
+    Deleted(bool),
+}
+
+impl SequentialSpec for FileRegister {
+    type Op = RegisterOp;
+    type Ret = RegisterRet;
+
+    fn invoke(&mut self, op: &RegisterOp) -> RegisterRet {
+        match op {
+            RegisterOp::Read => RegisterRet::Value(self.0),
+            RegisterOp::Write(v) => {
+                self.0 = Some(*v);
+                RegisterRet::Written
+            }
+            RegisterOp::Cas(v) => {
+                if self.0.is_none() {
+                    self.0 = Some(*v);
+                    RegisterRet::Created(true)
+                } else {
+                    RegisterRet::Created(false)
+                }
+            }
+            RegisterOp::Delete => RegisterRet::Deleted(self.0.take().is_some()),
+        }
+    }
+}
+
+/// The register key, operation and (on a completion) result of a call, if it is one.
+fn register_call(c: &Call) -> Option<(&str, RegisterOp, Option<RegisterRet>)> {
+    Some(match c {
+        Call::Read { key, value } => (key, RegisterOp::Read, Some(RegisterRet::Value(*value))),
+        Call::Write { key, value } => (key, RegisterOp::Write(*value), Some(RegisterRet::Written)),
+        Call::Cas {
+            key,
+            value,
+            created,
+        } => (
+            key,
+            RegisterOp::Cas(*value),
+            created.map(RegisterRet::Created),
+        ),
+        Call::Delete { key, existed } => {
+            (key, RegisterOp::Delete, existed.map(RegisterRet::Deleted))
+        }
+        _ => return None,
+    })
+}
+
+/// Checks that the register operations of `events`, per key, are linearizable.
+pub fn check_registers(events: &[Event]) -> Verdict {
+    let ops = pair(events);
+    let by_invoke: HashMap<u64, &Completed> = ops.iter().map(|c| (c.index, c)).collect();
+    let mut testers: BTreeMap<String, LinearizabilityTester<u64, FileRegister>> = BTreeMap::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut open: HashMap<u64, String> = HashMap::new();
+    let mut anomalies = Vec::new();
+    let mut broken: BTreeSet<String> = BTreeSet::new();
+    let (mut n_ok, mut n_info) = (0usize, 0usize);
+    for e in events.iter().filter(|e| e.process != NEMESIS) {
+        if let Call::Torn { key, detail } = &e.call {
+            anomalies.push(format!(
+                "torn read of {key} by process {} (event {}): {detail}",
+                e.process, e.index
+            ));
+            open.remove(&e.process);
+            continue;
+        }
+        match e.kind {
+            EventType::Invoke => {
+                let Some((key, op, _)) = register_call(&e.call) else {
+                    continue;
+                };
+                let Some(done) = by_invoke.get(&e.index) else {
+                    continue;
+                };
+                if done.kind == EventType::Fail
+                    || matches!(done.result, Call::Torn { .. })
+                    || broken.contains(key)
+                {
+                    continue;
+                }
+                *counts.entry(key.to_string()).or_default() += 1;
+                match done.kind {
+                    EventType::Ok => n_ok += 1,
+                    _ => n_info += 1,
+                }
+                let t = testers
+                    .entry(key.to_string())
+                    .or_insert_with(|| LinearizabilityTester::new(FileRegister::default()));
+                if let Err(err) = t.on_invoke(e.process, op) {
+                    anomalies.push(format!("{key}: malformed history: {err}"));
+                    broken.insert(key.to_string());
+                }
+                open.insert(e.process, key.to_string());
+            }
+            EventType::Ok => {
+                let Some(key) = open.remove(&e.process) else {
+                    continue;
+                };
+                if broken.contains(&key) {
+                    continue;
+                }
+                let Some((_, _, Some(ret))) = register_call(&e.call) else {
+                    anomalies.push(format!(
+                        "{key}: event {} completes without a result",
+                        e.index
+                    ));
+                    broken.insert(key);
+                    continue;
+                };
+                if let Some(t) = testers.get_mut(&key) {
+                    if let Err(err) = t.on_return(e.process, ret) {
+                        anomalies.push(format!("{key}: malformed history: {err}"));
+                        broken.insert(key);
+                    }
+                }
+            }
+            EventType::Fail | EventType::Info => {
+                open.remove(&e.process);
+            }
+        }
+    }
+    for (key, t) in &testers {
+        if broken.contains(key) {
+            continue;
+        }
+        let n = counts.get(key).copied().unwrap_or(0);
+        if n > MAX_OPS_PER_KEY {
+            anomalies.push(format!(
+                "{key}: {n} operations, more than the checker's bound {MAX_OPS_PER_KEY}"
+            ));
+            continue;
+        }
+        if !t.is_consistent() {
+            anomalies.push(format!(
+                "{key}: not linearizable; operations: {}",
+                describe_key(events, key)
+            ));
+        }
+    }
+    Verdict::new(
+        format!(
+            "linearizability of {} registers ({n_ok} ok and {n_info} unknown operations)",
+            testers.len()
+        ),
+        anomalies,
+    )
+}
+
+/// A compact listing of the operations on `key`, for an anomaly report.
+fn describe_key(events: &[Event], key: &str) -> String {
+    let mut parts = Vec::new();
+    for e in events {
+        let k = match &e.call {
+            Call::Read { key, .. }
+            | Call::Write { key, .. }
+            | Call::Cas { key, .. }
+            | Call::Delete { key, .. }
+            | Call::Torn { key, .. } => key,
+            _ => continue,
+        };
+        if k != key {
+            continue;
+        }
+        let what = match &e.call {
+            Call::Read { value, .. } => match e.kind {
+                EventType::Ok => format!("read={value:?}"),
+                _ => "read".into(),
+            },
+            Call::Write { value, .. } => format!("write {value}"),
+            Call::Cas { value, created, .. } => format!("cas {value}->{created:?}"),
+            Call::Delete { existed, .. } => format!("delete->{existed:?}"),
+            _ => "torn".into(),
+        };
+        parts.push(format!(
+            "#{} {:.3}s p{} {:?} {what}",
+            e.index,
+            e.time_ns as f64 / 1e9,
+            e.process,
+            e.kind
+        ));
+        if parts.len() >= 200 {
+            parts.push("...".into());
+            break;
+        }
+    }
+    parts.join(" | ")
+}
+
+/// Checks the set workload: the last successful listing holds every acknowledged create,
+/// nothing never attempted, and nothing whose create certainly failed.
+pub fn check_set(events: &[Event]) -> Verdict {
+    let ops = pair(events);
+    let mut attempted = BTreeSet::new();
+    let mut acked = BTreeSet::new();
+    let mut failed = BTreeSet::new();
+    let mut unknown = 0usize;
+    let mut last: Option<&Completed> = None;
+    for c in &ops {
+        match (&c.invoke, c.kind) {
+            (Call::Add { element }, kind) => {
+                attempted.insert(element.clone());
+                match kind {
+                    EventType::Ok => {
+                        acked.insert(element.clone());
+                    }
+                    EventType::Fail => {
+                        failed.insert(element.clone());
+                    }
+                    _ => unknown += 1,
+                }
+            }
+            (Call::ReadSet { .. }, EventType::Ok)
+                if last.is_none_or(|l| l.invoke_ns < c.invoke_ns) =>
+            {
+                last = Some(c);
+            }
+            _ => {}
+        }
+    }
+    let Some(Completed {
+        result: Call::ReadSet {
+            elements: Some(listed),
+        },
+        index,
+        ..
+    }) = last
+    else {
+        return Verdict::new(
+            "set".into(),
+            vec!["no final listing of the set succeeded".into()],
+        );
+    };
+    let listed: BTreeSet<String> = listed.iter().cloned().collect();
+    let mut anomalies = Vec::new();
+    let lost: Vec<&String> = acked.difference(&listed).collect();
+    if !lost.is_empty() {
+        anomalies.push(format!(
+            "{} acknowledged creates missing from the final listing (event {index}): {}",
+            lost.len(),
+            sample(&lost)
+        ));
+    }
+    let unexpected: Vec<&String> = listed.difference(&attempted).collect();
+    if !unexpected.is_empty() {
+        anomalies.push(format!(
+            "{} names listed that were never created: {}",
+            unexpected.len(),
+            sample(&unexpected)
+        ));
+    }
+    let resurrected: Vec<&String> = listed.intersection(&failed).collect();
+    if !resurrected.is_empty() {
+        anomalies.push(format!(
+            "{} creates answered as failed are listed: {}",
+            resurrected.len(),
+            sample(&resurrected)
+        ));
+    }
+    let recovered = listed
+        .iter()
+        .filter(|e| attempted.contains(*e) && !acked.contains(*e))
+        .count();
+    Verdict::new(
+        format!(
+            "set: {} attempted, {} acknowledged, {} failed, {unknown} unknown ({recovered} of \
+             them present), {} listed at the end",
+            attempted.len(),
+            acked.len(),
+            failed.len(),
+            listed.len()
+        ),
+        anomalies,
+    )
+}
+
+fn sample(v: &[&String]) -> String {
+    let mut s: Vec<String> = v.iter().take(10).map(|s| s.to_string()).collect();
+    if v.len() > 10 {
+        s.push("...".into());
+    }
+    s.join(", ")
+}
+
+/// Checks the rename workload (see the module docs). The files are the acknowledged
+/// `Add`s the workload made before the faults began.
+pub fn check_renames(events: &[Event]) -> Verdict {
+    let ops = pair(events);
+    let files: BTreeSet<String> = ops
+        .iter()
+        .filter_map(|c| match (&c.invoke, c.kind) {
+            (Call::Add { element }, EventType::Ok) => Some(element.clone()),
+            _ => None,
+        })
+        .collect();
+    let moves: Vec<&Completed> = ops
+        .iter()
+        .filter(|c| matches!(c.invoke, Call::Move { .. }) && c.kind != EventType::Fail)
+        .collect();
+    let mut anomalies = Vec::new();
+    let mut listings = 0usize;
+    let mut final_seen = false;
+    for c in &ops {
+        let (
+            EventType::Ok,
+            Call::List {
+                last,
+                a: Some(a),
+                b: Some(b),
+            },
+        ) = (c.kind, &c.result)
+        else {
+            continue;
+        };
+        listings += 1;
+        final_seen |= *last;
+        let start = c.invoke_ns;
+        let end = c.complete_ns.unwrap_or(u64::MAX);
+        let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+        for name in a.iter().chain(b.iter()) {
+            if !files.contains(name) {
+                anomalies.push(format!(
+                    "listing (event {}) shows {name:?}, which was never created",
+                    c.index
+                ));
+            }
+            *count.entry(name).or_default() += 1;
+        }
+        for (dir, names) in [("a", a), ("b", b)] {
+            let uniq: BTreeSet<&String> = names.iter().collect();
+            if uniq.len() != names.len() {
+                anomalies.push(format!(
+                    "listing (event {}) shows a name twice in directory {dir}",
+                    c.index
+                ));
+            }
+        }
+        for f in &files {
+            let n = count.get(f.as_str()).copied().unwrap_or(0);
+            let concurrent = moves.iter().any(|m| {
+                let Call::Move { file, .. } = &m.invoke else {
+                    return false;
+                };
+                file == f && m.invoke_ns < end && m.complete_ns.is_none_or(|done| done > start)
+            });
+            if *last || !concurrent {
+                if n != 1 {
+                    anomalies.push(format!(
+                        "{f} appears {n} times in {}listing (event {}) {}",
+                        if *last { "the final " } else { "" },
+                        c.index,
+                        if *last {
+                            String::new()
+                        } else {
+                            "while no rename of it was in flight".to_string()
+                        }
+                    ));
+                }
+            } else if n > 2 {
+                anomalies.push(format!(
+                    "{f} appears {n} times in listing (event {})",
+                    c.index
+                ));
+            }
+        }
+    }
+    if !final_seen {
+        anomalies.push("no final listing succeeded".into());
+    }
+    Verdict::new(
+        format!(
+            "renames: {} files, {} renames not failed, {listings} listings",
+            files.len(),
+            moves.len()
+        ),
+        anomalies,
+    )
+}

@@ -1,0 +1,322 @@
+//! A cluster of real `talon-meta` processes: written by `talon-meta init`, one process per
+//! node, each on its own loopback address (`127.0.0.11`, `.12`, ...) and port 7000 inside
+//! the harness's private network namespace, so runs never collide on ports.
+//!
+//! Each node runs with its own group id (`NODE_GID_BASE + id`): the network nemesis tells a
+//! node's packets apart by the sending socket's group, because every loopback connection
+//! leaves from 127.0.0.1 whatever node opened it.
+//!
+//! The [`Cluster`] owns its processes. Dropping it sends SIGKILL to every node still
+//! running (a stopped node dies of SIGKILL too) and reaps it, so a harness that fails or is
+//! interrupted leaves no process behind.
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// The first node's group id minus one; node `id` runs with group `NODE_GID_BASE + id`.
+pub const NODE_GID_BASE: u32 = 47_000;
+
+/// The port every node listens on (each node has its own address).
+pub const NODE_PORT: u16 = 7000;
+
+/// Errors controlling the cluster's processes.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A command or file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// `talon-meta init` failed.
+    #[error("talon-meta init failed: {0}")]
+    Init(String),
+    /// A signal could not be sent.
+    #[error("signal {signal} to node {node}: {source}")]
+    Signal {
+        /// The node.
+        node: u64,
+        /// The signal.
+        signal: Signal,
+        /// The cause.
+        source: nix::Error,
+    },
+    /// No such node.
+    #[error("no node {0}")]
+    NoNode(u64),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Io { what, source }
+}
+
+/// How to build a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// The `talon-meta` binary.
+    pub meta_bin: PathBuf,
+    /// Directory for configs, data and logs.
+    pub dir: PathBuf,
+    /// Number of nodes.
+    pub nodes: u64,
+    /// Replicas per partition.
+    pub replication: u32,
+    /// Number of partitions.
+    pub partitions: u32,
+}
+
+/// State of one node's process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    /// Running.
+    Up,
+    /// Stopped by SIGSTOP.
+    Paused,
+    /// Killed (or never started).
+    Down,
+}
+
+struct Node {
+    id: u64,
+    ip: Ipv4Addr,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// The running cluster.
+pub struct Cluster {
+    spec: ClusterSpec,
+    nodes: Vec<Node>,
+    starts: u64,
+}
+
+/// The loopback address of node `id`.
+pub fn node_ip(id: u64) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 10 + id as u8)
+}
+
+impl Cluster {
+    /// Writes the nodes' configs with `talon-meta init`; starts nothing.
+    pub fn init(spec: ClusterSpec) -> Result<Cluster, ClusterError> {
+        let conf = spec.dir.join("conf");
+        let logs = spec.dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(io("create the log directory"))?;
+        let ids: Vec<u64> = (1..=spec.nodes).collect();
+        let list: Vec<String> = ids
+            .iter()
+            .map(|id| format!("{id}={}:{NODE_PORT}", node_ip(*id)))
+            .collect();
+        let out = Command::new(&spec.meta_bin)
+            .arg("init")
+            .arg("--nodes")
+            .arg(list.join(","))
+            .arg("--partitions")
+            .arg(spec.partitions.to_string())
+            .arg("--replication")
+            .arg(spec.replication.to_string())
+            .arg("--data-root")
+            .arg(spec.dir.join("data"))
+            .arg("--out")
+            .arg(&conf)
+            .output()
+            .map_err(io(format!("run {} init", spec.meta_bin.display())))?;
+        if !out.status.success() {
+            return Err(ClusterError::Init(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        let nodes = ids
+            .iter()
+            .map(|&id| Node {
+                id,
+                ip: node_ip(id),
+                config: conf.join(format!("node{id}.toml")),
+                log: logs.join(format!("node{id}.log")),
+                child: None,
+                paused: false,
+            })
+            .collect();
+        Ok(Cluster {
+            spec,
+            nodes,
+            starts: 0,
+        })
+    }
+
+    /// The node ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The client addresses (`host:port`) of every node.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("{}:{NODE_PORT}", n.ip))
+            .collect()
+    }
+
+    /// The spec the cluster was built from.
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.spec
+    }
+
+    /// The data directory of node `id`.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.spec.dir.join("data").join(format!("node{id}"))
+    }
+
+    /// How many times a node process was started.
+    pub fn starts(&self) -> u64 {
+        self.starts
+    }
+
+    fn node(&mut self, id: u64) -> Result<&mut Node, ClusterError> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .ok_or(ClusterError::NoNode(id))
+    }
+
+    /// The state of node `id` (a process that exited by itself counts as down).
+    pub fn state(&mut self, id: u64) -> NodeState {
+        let Ok(n) = self.node(id) else {
+            return NodeState::Down;
+        };
+        match n.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) if n.paused => NodeState::Paused,
+            Some(Ok(None)) => NodeState::Up,
+            _ => NodeState::Down,
+        }
+    }
+
+    /// Starts every node that is not running.
+    pub fn start_all(&mut self) -> Result<(), ClusterError> {
+        for id in self.ids() {
+            if self.state(id) == NodeState::Down {
+                self.start(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts node `id` (after reaping a dead process of it), appending to its log.
+    pub fn start(&mut self, id: u64) -> Result<(), ClusterError> {
+        let bin = self.spec.meta_bin.clone();
+        let n = self.node(id)?;
+        if let Some(mut c) = n.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&n.log)
+            .map_err(io(format!("open {}", n.log.display())))?;
+        let log2 = log.try_clone().map_err(io("clone the log handle"))?;
+        let child = Command::new(&bin)
+            .arg("start")
+            .arg("--config")
+            .arg(&n.config)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .gid(NODE_GID_BASE + id as u32)
+            .spawn()
+            .map_err(io(format!("start node {id}")))?;
+        n.child = Some(child);
+        n.paused = false;
+        self.starts += 1;
+        Ok(())
+    }
+
+    fn signal(&mut self, id: u64, signal: Signal) -> Result<(), ClusterError> {
+        let n = self.node(id)?;
+        let Some(c) = n.child.as_ref() else {
+            return Ok(());
+        };
+        kill(Pid::from_raw(c.id() as i32), signal).map_err(|source| ClusterError::Signal {
+            node: id,
+            signal,
+            source,
+        })
+    }
+
+    /// Kills node `id` with SIGKILL and reaps it.
+    pub fn kill(&mut self, id: u64) -> Result<(), ClusterError> {
+        let n = self.node(id)?;
+        if let Some(mut c) = n.child.take() {
+            // SIGKILL also ends a stopped process.
+            let _ = c.kill();
+            c.wait().map_err(io(format!("reap node {id}")))?;
+        }
+        n.paused = false;
+        Ok(())
+    }
+
+    /// Stops node `id` with SIGSTOP.
+    pub fn pause(&mut self, id: u64) -> Result<(), ClusterError> {
+        self.signal(id, Signal::SIGSTOP)?;
+        self.node(id)?.paused = true;
+        Ok(())
+    }
+
+    /// Continues node `id` with SIGCONT.
+    pub fn resume(&mut self, id: u64) -> Result<(), ClusterError> {
+        self.signal(id, Signal::SIGCONT)?;
+        self.node(id)?.paused = false;
+        Ok(())
+    }
+
+    /// Continues every paused node and starts every dead one.
+    pub fn heal(&mut self) -> Result<(), ClusterError> {
+        for id in self.ids() {
+            match self.state(id) {
+                NodeState::Paused => self.resume(id)?,
+                NodeState::Down => self.start(id)?,
+                NodeState::Up => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every node and reaps it.
+    pub fn stop_all(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// The last `lines` lines of node `id`'s log, for reports.
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let Some(n) = self.nodes.iter().find(|n| n.id == id) else {
+            return String::new();
+        };
+        tail(&n.log, lines)
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}

@@ -1,0 +1,308 @@
+//! The nemesis: faults injected on a schedule drawn from the run's seed.
+//!
+//! Faults are SIGKILL (the node is restarted when the fault heals), SIGSTOP (continued with
+//! SIGCONT), and network partitions cut with the namespace's packet filter: one node
+//! isolated, a majority/minority split, and a bridge (two halves that only a middle node
+//! reaches). The `*-leader` kinds aim at the node leading one of the workload's partitions,
+//! as the nodes report it.
+//!
+//! A schedule alternates a quiet interval with one fault held for a while, then heals
+//! everything: the firewall is cleared, stopped nodes continue and killed nodes restart.
+//! With [`ScheduleMode::Each`] every kind runs in turn (what CI uses, so each kind is
+//! certainly exercised); with [`ScheduleMode::Random`] kinds are drawn at random and a
+//! third of the faults combine two kinds at once. The seed fixes every choice the nemesis
+//! makes, so printing it is enough to replay the schedule (timing still varies).
+
+use crate::cluster::Cluster;
+use crate::history::{Call, EventType, Recorder, NEMESIS};
+use crate::net::Firewall;
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use talon_client::Client;
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum NemesisKind {
+    /// SIGKILL a random node; restart it when the fault heals.
+    Kill,
+    /// SIGKILL the leader of one of the workload's partitions.
+    KillLeader,
+    /// SIGSTOP a random node; SIGCONT when the fault heals.
+    Pause,
+    /// SIGSTOP the leader of one of the workload's partitions.
+    PauseLeader,
+    /// Cut one random node off from every other node.
+    Isolate,
+    /// Cut the leader of one of the workload's partitions off.
+    IsolateLeader,
+    /// Split the nodes into a minority and a majority.
+    Split,
+    /// Two halves that only one middle node reaches.
+    Bridge,
+}
+
+impl NemesisKind {
+    /// Every kind.
+    pub const ALL: [NemesisKind; 8] = [
+        NemesisKind::Kill,
+        NemesisKind::KillLeader,
+        NemesisKind::Pause,
+        NemesisKind::PauseLeader,
+        NemesisKind::Isolate,
+        NemesisKind::IsolateLeader,
+        NemesisKind::Split,
+        NemesisKind::Bridge,
+    ];
+
+    /// Whether the kind cuts links (and so needs the firewall).
+    pub fn is_network(self) -> bool {
+        matches!(
+            self,
+            NemesisKind::Isolate
+                | NemesisKind::IsolateLeader
+                | NemesisKind::Split
+                | NemesisKind::Bridge
+        )
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            NemesisKind::Kill => "kill",
+            NemesisKind::KillLeader => "kill-leader",
+            NemesisKind::Pause => "pause",
+            NemesisKind::PauseLeader => "pause-leader",
+            NemesisKind::Isolate => "isolate",
+            NemesisKind::IsolateLeader => "isolate-leader",
+            NemesisKind::Split => "split",
+            NemesisKind::Bridge => "bridge",
+        }
+    }
+}
+
+/// How kinds are chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScheduleMode {
+    /// Every kind in turn, one at a time.
+    Each,
+    /// Random kinds, sometimes two at once.
+    Random,
+}
+
+/// Timing of a schedule.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// Quiet time between faults.
+    pub quiet: Duration,
+    /// Shortest time a fault is held.
+    pub hold_min: Duration,
+    /// Longest time a fault is held.
+    pub hold_max: Duration,
+}
+
+/// The nemesis of one run.
+pub struct Nemesis {
+    kinds: Vec<NemesisKind>,
+    mode: ScheduleMode,
+    timing: Timing,
+    rng: StdRng,
+    cluster: Arc<Mutex<Cluster>>,
+    firewall: Option<Firewall>,
+    client: Client,
+    rec: Recorder,
+    partitions: Vec<u32>,
+    /// Faults injected, by kind.
+    pub injected: BTreeMap<&'static str, u64>,
+    /// Errors while injecting or healing (reported, not fatal).
+    pub errors: Vec<String>,
+}
+
+fn lock(c: &Mutex<Cluster>) -> std::sync::MutexGuard<'_, Cluster> {
+    match c.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Nemesis {
+    /// A nemesis over `cluster` choosing among `kinds`; `partitions` are the workload's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        kinds: Vec<NemesisKind>,
+        mode: ScheduleMode,
+        timing: Timing,
+        seed: u64,
+        cluster: Arc<Mutex<Cluster>>,
+        firewall: Option<Firewall>,
+        client: Client,
+        rec: Recorder,
+        partitions: Vec<u32>,
+    ) -> Nemesis {
+        Nemesis {
+            kinds,
+            mode,
+            timing,
+            // A stream of its own, apart from the workers'.
+            rng: StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973),
+            cluster,
+            firewall,
+            client,
+            rec,
+            partitions,
+            injected: BTreeMap::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Runs faults until `stop` turns true, then heals everything.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Nemesis {
+        let mut turn = 0usize;
+        // Bounded by `stop`, which the run sets at its deadline.
+        while !*stop.borrow() && !self.kinds.is_empty() {
+            tokio::select! {
+                _ = tokio::time::sleep(self.timing.quiet) => {}
+                _ = stop.changed() => break,
+            }
+            let mut now: Vec<NemesisKind> = match self.mode {
+                ScheduleMode::Each => vec![self.kinds[turn % self.kinds.len()]],
+                ScheduleMode::Random => {
+                    let mut v = vec![*self
+                        .kinds
+                        .choose(&mut self.rng)
+                        .unwrap_or(&NemesisKind::Kill)];
+                    if self.kinds.len() > 1 && self.rng.random_bool(1.0 / 3.0) {
+                        let other = *self.kinds.choose(&mut self.rng).unwrap_or(&v[0]);
+                        if other != v[0] {
+                            v.push(other);
+                        }
+                    }
+                    v
+                }
+            };
+            turn += 1;
+            // At most one network fault at a time: the firewall holds one set of cuts.
+            let mut seen_net = false;
+            now.retain(|k| !(k.is_network() && std::mem::replace(&mut seen_net, true)));
+            let hold = self.rng.random_range(
+                self.timing.hold_min..=self.timing.hold_max.max(self.timing.hold_min),
+            );
+            let mut names = Vec::new();
+            for k in now {
+                match self.inject(k).await {
+                    Ok(name) => {
+                        *self.injected.entry(k.name()).or_default() += 1;
+                        self.rec.record(
+                            NEMESIS,
+                            EventType::Invoke,
+                            Call::Fault { name: name.clone() },
+                            None,
+                        );
+                        names.push(name);
+                    }
+                    Err(e) => self.errors.push(format!("{}: {e}", k.name())),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(hold) => {}
+                _ = stop.changed() => {}
+            }
+            self.heal();
+            for name in names {
+                self.rec
+                    .record(NEMESIS, EventType::Ok, Call::Fault { name }, None);
+            }
+        }
+        self.heal();
+        self
+    }
+
+    /// Clears the firewall, continues stopped nodes and restarts killed ones.
+    pub fn heal(&mut self) {
+        if let Some(fw) = &self.firewall {
+            if let Err(e) = fw.apply(&[]) {
+                self.errors.push(format!("heal the network: {e}"));
+            }
+        }
+        if let Err(e) = lock(&self.cluster).heal() {
+            self.errors.push(format!("heal the nodes: {e}"));
+        }
+    }
+
+    /// The node leading one of the workload's partitions, as the nodes report it.
+    async fn leader(&mut self) -> Option<u64> {
+        let p = *self.partitions.choose(&mut self.rng)?;
+        let status = tokio::time::timeout(Duration::from_secs(3), self.client.status())
+            .await
+            .ok()?;
+        status.iter().find_map(|n| {
+            let parts = n.partitions.as_ref().ok()?;
+            parts
+                .iter()
+                .any(|s| s.id == p && s.role == "LEADER")
+                .then_some(n.node_id)
+        })
+    }
+
+    async fn inject(&mut self, kind: NemesisKind) -> Result<String, String> {
+        let mut ids = lock(&self.cluster).ids();
+        ids.sort_unstable();
+        let random = *ids.choose(&mut self.rng).ok_or("no nodes")?;
+        let target = match kind {
+            NemesisKind::KillLeader | NemesisKind::PauseLeader | NemesisKind::IsolateLeader => {
+                self.leader().await.unwrap_or(random)
+            }
+            _ => random,
+        };
+        let err = |e: &dyn std::fmt::Display| e.to_string();
+        match kind {
+            NemesisKind::Kill | NemesisKind::KillLeader => {
+                lock(&self.cluster).kill(target).map_err(|e| err(&e))?;
+                Ok(format!("{} n{target}", kind.name()))
+            }
+            NemesisKind::Pause | NemesisKind::PauseLeader => {
+                lock(&self.cluster).pause(target).map_err(|e| err(&e))?;
+                Ok(format!("{} n{target}", kind.name()))
+            }
+            NemesisKind::Isolate | NemesisKind::IsolateLeader => {
+                let cut: Vec<(u64, u64)> = ids
+                    .iter()
+                    .filter(|&&o| o != target)
+                    .map(|&o| (target, o))
+                    .collect();
+                self.cut(&cut)?;
+                Ok(format!("{} n{target}", kind.name()))
+            }
+            NemesisKind::Split => {
+                ids.shuffle(&mut self.rng);
+                let (minority, majority) = ids.split_at(ids.len() / 2);
+                self.cut(&across(minority, majority))?;
+                Ok(format!("split {minority:?} | {majority:?}"))
+            }
+            NemesisKind::Bridge => {
+                ids.shuffle(&mut self.rng);
+                let half = ids.len() / 2;
+                let (left, rest) = ids.split_at(half);
+                let (middle, right) = rest.split_at(rest.len() - half);
+                self.cut(&across(left, right))?;
+                Ok(format!("bridge {left:?} | {middle:?} | {right:?}"))
+            }
+        }
+    }
+
+    fn cut(&self, pairs: &[(u64, u64)]) -> Result<(), String> {
+        match &self.firewall {
+            Some(fw) => fw.apply(pairs).map_err(|e| e.to_string()),
+            None => Err("network faults need the private network namespace".into()),
+        }
+    }
+}
+
+fn across(a: &[u64], b: &[u64]) -> Vec<(u64, u64)> {
+    a.iter()
+        .flat_map(|&x| b.iter().map(move |&y| (x, y)))
+        .collect()
+}

@@ -1,0 +1,283 @@
+//! The checkers say "no" to known-bad histories (a stale read, a lost acknowledged write, a
+//! file duplicated by a rename, a torn checkpoint) and "yes" to good ones, including
+//! histories whose unknown-outcome operations only make sense if they took effect late.
+
+use talon_jepsen::checker::{check_registers, check_renames, check_set};
+use talon_jepsen::history::{Call, Event, EventType};
+
+/// Builds a history one event at a time, each 1 ms after the last.
+#[derive(Default)]
+struct H(Vec<Event>);
+
+impl H {
+    fn ev(&mut self, process: u64, kind: EventType, call: Call) -> &mut Self {
+        let index = self.0.len() as u64;
+        self.0.push(Event {
+            index,
+            time_ns: index * 1_000_000,
+            process,
+            kind,
+            call,
+            error: None,
+        });
+        self
+    }
+    fn invoke(&mut self, p: u64, c: Call) -> &mut Self {
+        self.ev(p, EventType::Invoke, c)
+    }
+    fn ok(&mut self, p: u64, c: Call) -> &mut Self {
+        self.ev(p, EventType::Ok, c)
+    }
+    fn fail(&mut self, p: u64, c: Call) -> &mut Self {
+        self.ev(p, EventType::Fail, c)
+    }
+    fn info(&mut self, p: u64, c: Call) -> &mut Self {
+        self.ev(p, EventType::Info, c)
+    }
+    /// An operation that completes before the next one starts.
+    fn op(&mut self, p: u64, invoke: Call, done: Call) -> &mut Self {
+        self.invoke(p, invoke).ok(p, done)
+    }
+}
+
+fn w(v: u64) -> Call {
+    Call::Write {
+        key: "r".into(),
+        value: v,
+    }
+}
+fn r(v: Option<u64>) -> Call {
+    Call::Read {
+        key: "r".into(),
+        value: v,
+    }
+}
+fn cas(v: u64, created: Option<bool>) -> Call {
+    Call::Cas {
+        key: "r".into(),
+        value: v,
+        created,
+    }
+}
+
+#[test]
+fn register_accepts_a_sequential_history() {
+    let mut h = H::default();
+    h.op(0, r(None), r(None))
+        .op(1, cas(1, None), cas(1, Some(true)))
+        .op(0, r(None), r(Some(1)))
+        .op(1, cas(2, None), cas(2, Some(false)))
+        .op(0, w(3), w(3))
+        .op(1, r(None), r(Some(3)));
+    let v = check_registers(&h.0);
+    assert!(v.valid, "{v:?}");
+}
+
+#[test]
+fn register_rejects_a_stale_read() {
+    let mut h = H::default();
+    h.op(0, w(1), w(1))
+        .op(0, w(2), w(2))
+        .op(1, r(None), r(Some(1)));
+    let v = check_registers(&h.0);
+    assert!(!v.valid, "a read after write 2 completed saw 1: {v:?}");
+    assert!(v.anomalies[0].contains("not linearizable"), "{v:?}");
+}
+
+#[test]
+fn register_rejects_a_lost_acknowledged_write() {
+    let mut h = H::default();
+    h.op(0, w(1), w(1)).op(1, r(None), r(None));
+    assert!(!check_registers(&h.0).valid);
+}
+
+#[test]
+fn register_rejects_a_failed_write_that_took_effect() {
+    let mut h = H::default();
+    h.invoke(0, w(1)).fail(0, w(1)).op(1, r(None), r(Some(1)));
+    assert!(!check_registers(&h.0).valid, "fail means it did not happen");
+}
+
+#[test]
+fn register_lets_an_unknown_write_take_effect_late_or_never() {
+    // Write 1 times out; a later read still sees nothing, a read after that sees 1.
+    let mut h = H::default();
+    h.invoke(0, w(1))
+        .info(0, w(1))
+        .op(1, r(None), r(None))
+        .op(1, r(None), r(Some(1)));
+    let v = check_registers(&h.0);
+    assert!(v.valid, "{v:?}");
+    // ... but once seen it cannot be undone without another write.
+    h.op(1, r(None), r(None));
+    assert!(!check_registers(&h.0).valid);
+    // An unknown write that was never seen is fine too.
+    let mut h = H::default();
+    h.invoke(0, w(1)).info(0, w(1)).op(1, r(None), r(None));
+    assert!(check_registers(&h.0).valid);
+}
+
+#[test]
+fn register_accepts_either_order_of_concurrent_operations() {
+    // Read overlaps write: it may see the old or the new value.
+    for seen in [None, Some(1)] {
+        let mut h = H::default();
+        h.invoke(0, w(1))
+            .invoke(1, r(None))
+            .ok(1, r(seen))
+            .ok(0, w(1));
+        let v = check_registers(&h.0);
+        assert!(v.valid, "{seen:?}: {v:?}");
+    }
+    // Two overlapping CAS: exactly one may succeed.
+    let mut h = H::default();
+    h.invoke(0, cas(1, None))
+        .invoke(1, cas(2, None))
+        .ok(0, cas(1, Some(true)))
+        .ok(1, cas(2, Some(true)));
+    assert!(!check_registers(&h.0).valid, "both CAS succeeded");
+}
+
+#[test]
+fn register_rejects_a_torn_checkpoint() {
+    let mut h = H::default();
+    h.op(0, w(1), w(1)).invoke(1, r(None)).ok(
+        1,
+        Call::Torn {
+            key: "r".into(),
+            detail: "CRC mismatch".into(),
+        },
+    );
+    let v = check_registers(&h.0);
+    assert!(!v.valid);
+    assert!(v.anomalies[0].contains("torn"), "{v:?}");
+}
+
+fn add(e: &str) -> Call {
+    Call::Add { element: e.into() }
+}
+fn read_set(names: &[&str]) -> Call {
+    Call::ReadSet {
+        elements: Some(names.iter().map(|s| s.to_string()).collect()),
+    }
+}
+
+#[test]
+fn set_accepts_acknowledged_and_some_unknown_creates() {
+    let mut h = H::default();
+    h.op(0, add("e0"), add("e0"))
+        .invoke(1, add("e1"))
+        .info(1, add("e1"))
+        .invoke(2, add("e2"))
+        .info(2, add("e2"))
+        .invoke(3, add("e3"))
+        .fail(3, add("e3"))
+        .op(9, Call::ReadSet { elements: None }, read_set(&["e0", "e2"]));
+    let v = check_set(&h.0);
+    assert!(v.valid, "{v:?}");
+}
+
+#[test]
+fn set_rejects_a_lost_create_and_a_phantom() {
+    let mut h = H::default();
+    h.op(0, add("e0"), add("e0"))
+        .op(0, add("e1"), add("e1"))
+        .op(9, Call::ReadSet { elements: None }, read_set(&["e1", "zz"]));
+    let v = check_set(&h.0);
+    assert!(!v.valid);
+    assert_eq!(v.anomalies.len(), 2, "{v:?}");
+    assert!(v.anomalies[0].contains("e0"), "{v:?}");
+    assert!(v.anomalies[1].contains("zz"), "{v:?}");
+}
+
+#[test]
+fn set_rejects_a_failed_create_that_exists_and_a_missing_final_read() {
+    let mut h = H::default();
+    h.invoke(0, add("e0")).fail(0, add("e0")).op(
+        9,
+        Call::ReadSet { elements: None },
+        read_set(&["e0"]),
+    );
+    assert!(!check_set(&h.0).valid);
+    let mut h = H::default();
+    h.op(0, add("e0"), add("e0"));
+    assert!(!check_set(&h.0).valid, "no final listing");
+}
+
+fn mv(f: &str, from: &str, to: &str) -> Call {
+    Call::Move {
+        file: f.into(),
+        from: from.into(),
+        to: to.into(),
+    }
+}
+fn listing(last: bool, a: &[&str], b: &[&str]) -> Call {
+    Call::List {
+        last,
+        a: Some(a.iter().map(|s| s.to_string()).collect()),
+        b: Some(b.iter().map(|s| s.to_string()).collect()),
+    }
+}
+fn list_call(last: bool) -> Call {
+    Call::List {
+        last,
+        a: None,
+        b: None,
+    }
+}
+
+#[test]
+fn renames_accept_a_good_history() {
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .op(9, add("f1"), add("f1"))
+        .op(1, mv("f0", "a", "b"), mv("f0", "a", "b"))
+        .op(0, list_call(false), listing(false, &["f1"], &["f0"]))
+        // A listing during a move may see the file twice or not at all.
+        .invoke(1, mv("f1", "a", "b"))
+        .invoke(0, list_call(false))
+        .ok(0, listing(false, &["f1"], &["f0", "f1"]))
+        .ok(1, mv("f1", "a", "b"))
+        .invoke(2, mv("f0", "a", "b"))
+        .fail(2, mv("f0", "a", "b"))
+        .op(0, list_call(true), listing(true, &[], &["f0", "f1"]));
+    let v = check_renames(&h.0);
+    assert!(v.valid, "{v:?}");
+}
+
+#[test]
+fn renames_reject_a_duplicated_file() {
+    // After the move completed, the file shows in both directories.
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .op(1, mv("f0", "a", "b"), mv("f0", "a", "b"))
+        .op(0, list_call(false), listing(false, &["f0"], &["f0"]));
+    let v = check_renames(&h.0);
+    assert!(!v.valid);
+    assert!(
+        v.anomalies.iter().any(|a| a.contains("f0 appears 2 times")),
+        "{v:?}"
+    );
+    // In the final listing a duplicate is an anomaly even with an unknown move before it.
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .invoke(1, mv("f0", "a", "b"))
+        .info(1, mv("f0", "a", "b"))
+        .op(0, list_call(true), listing(true, &["f0"], &["f0"]));
+    assert!(!check_renames(&h.0).valid);
+}
+
+#[test]
+fn renames_reject_a_lost_file_and_an_unknown_name() {
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .op(9, add("f1"), add("f1"))
+        .op(0, list_call(true), listing(true, &["f1", "ghost"], &[]));
+    let v = check_renames(&h.0);
+    assert!(!v.valid);
+    assert!(v.anomalies.iter().any(|a| a.contains("ghost")), "{v:?}");
+    assert!(
+        v.anomalies.iter().any(|a| a.contains("f0 appears 0 times")),
+        "{v:?}"
+    );
+}
