@@ -497,12 +497,20 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tick.tick() => {
-                node.collect_unlinked().await;
-                if tokio::time::Instant::now() >= chunks_due {
-                    node.collect_chunks().await;
-                    chunks_due = tokio::time::Instant::now() + chunk_period;
+                // A round in progress is abandoned at shutdown: a node that stops after its
+                // peers has no quorum left, and a proposal would never end (nor
+                // `Node::shutdown`, which waits for this task). The next start redoes it.
+                let round = async {
+                    node.collect_unlinked().await;
+                    if tokio::time::Instant::now() >= chunks_due {
+                        node.collect_chunks().await;
+                        chunks_due = tokio::time::Instant::now() + chunk_period;
+                    }
+                    node.compact_if_needed().await;
+                };
+                if cancel.run_until_cancelled(round).await.is_none() {
+                    break;
                 }
-                node.compact_if_needed().await;
             }
         }
     }

@@ -487,7 +487,12 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
-            _ = tick.tick() => node.flush_dir_touches().await,
+            _ = tick.tick() => {
+                // Abandoned at shutdown (see `data::gc_loop`); the final flush below redoes it.
+                if cancel.run_until_cancelled(node.flush_dir_touches()).await.is_none() {
+                    break;
+                }
+            }
         }
     }
     // One last, bounded try: a node stopping after its peers has no quorum left, and its

@@ -238,7 +238,12 @@ pub async fn recovery_loop(node: Arc<Node>, cancel: CancellationToken) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
-            _ = tick.tick() => node.recover_stale().await,
+            // Abandoned at shutdown (see `data::gc_loop`).
+            _ = tick.tick() => {
+                if cancel.run_until_cancelled(node.recover_stale()).await.is_none() {
+                    break;
+                }
+            }
         }
     }
 }
