@@ -121,6 +121,7 @@ fn imagenet_tree_copies_in_and_reads_back_identically() {
 const CKPT_SIZE: usize = 300 * 1024;
 /// Reader processes: the file to read and the file whose existence tells them to stop.
 const READER_FILE_ENV: &str = "TALON_TEST_READ_CHECKPOINT";
+const READER_READY_ENV: &str = "TALON_TEST_READ_READY";
 const READER_STOP_ENV: &str = "TALON_TEST_READ_UNTIL";
 
 /// Generation `gen` of the checkpoint: its number, then one byte value throughout.
@@ -152,19 +153,22 @@ fn ckpt_generation(got: &[u8]) -> Result<u64, String> {
 
 /// Not a test of its own: the body of the reader processes that
 /// `checkpoint_replacement_under_load_never_fails_a_reader` starts (the test binary runs
-/// itself with this test selected). Reads the named checkpoint whole in a loop until the
-/// stop file appears (at most two minutes), and fails on any error or torn file.
+/// itself with this test selected). Reads the named checkpoint whole in a loop, creates the
+/// ready file after its first read, stops when the stop file appears (or after five
+/// minutes), and fails on any error or torn file.
 #[test]
 #[ignore = "a reader process of the checkpoint stress test"]
 fn checkpoint_reader_process() {
-    let (Some(file), Some(stop)) = (
-        std::env::var_os(READER_FILE_ENV),
-        std::env::var_os(READER_STOP_ENV),
-    ) else {
-        panic!("run by the checkpoint stress test, with {READER_FILE_ENV} and {READER_STOP_ENV}");
+    let env = |k: &str| {
+        std::env::var_os(k).unwrap_or_else(|| panic!("run by the checkpoint stress test: no {k}"))
     };
-    let (file, stop) = (Path::new(&file), Path::new(&stop));
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let (file, ready, stop) = (
+        env(READER_FILE_ENV),
+        env(READER_READY_ENV),
+        env(READER_STOP_ENV),
+    );
+    let (file, ready, stop) = (Path::new(&file), Path::new(&ready), Path::new(&stop));
+    let deadline = Instant::now() + Duration::from_secs(300);
     let mut reads = 0u64;
     while !stop.exists() && Instant::now() < deadline {
         let got = fs::read(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
@@ -172,25 +176,87 @@ fn checkpoint_reader_process() {
             panic!("{}: {e}", file.display());
         }
         reads += 1;
+        if reads == 1 {
+            fs::write(ready, b"").expect("write the ready file");
+        }
     }
     println!("reads={reads}");
 }
 
-/// Starts a reader process of `file` (see `checkpoint_reader_process`).
-fn spawn_reader(file: &Path, stop: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "checkpoint_reader_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(READER_FILE_ENV, file)
-        .env(READER_STOP_ENV, stop)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start a reader process")
+/// Reader processes (see `checkpoint_reader_process`); killed if still running when
+/// dropped, so a failing test leaves none behind holding the mount.
+struct Readers(Vec<(std::process::Child, std::path::PathBuf)>);
+
+impl Readers {
+    /// Starts one reader per file; `scratch` holds their ready files and `stop`.
+    fn start(files: &[std::path::PathBuf], scratch: &Path, stop: &Path) -> Readers {
+        let start = |(i, file): (usize, &std::path::PathBuf)| {
+            let ready = scratch.join(format!("ready-{i}"));
+            let child = Command::new(std::env::current_exe().expect("the test binary"))
+                .args([
+                    "--exact",
+                    "checkpoint_reader_process",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(READER_FILE_ENV, file)
+                .env(READER_READY_ENV, &ready)
+                .env(READER_STOP_ENV, stop)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start a reader process");
+            (child, ready)
+        };
+        Readers(files.iter().enumerate().map(start).collect())
+    }
+
+    /// Waits (at most two minutes) until every reader has read the file once; a reader
+    /// that ended before that fails the test.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (child, ready) in &mut self.0 {
+            while !ready.exists() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("a reader ended before its first read: {status}");
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "readers not ready in two minutes"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Waits for every reader to end; returns their reads, failing on any reader's error.
+    fn finish(mut self, what: &str) -> u64 {
+        let mut reads = 0;
+        for (child, _) in std::mem::take(&mut self.0) {
+            let out = child.wait_with_output().expect("wait for a reader");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{what}: a reader failed: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            reads += stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("reads="))
+                .and_then(|n| n.parse::<u64>().ok())
+                .expect("a reader's count");
+        }
+        reads
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// The checkpoint pattern under load, in a strict and in a relaxed directory: a writer
@@ -208,15 +274,16 @@ fn checkpoint_replacement_under_load_never_fails_a_reader() {
         let dir = m.path(rel);
         fs::create_dir_all(&dir).expect("mkdir the run directory");
         fs::write(dir.join("step"), ckpt_body(0)).expect("first checkpoint");
-        let stop = local.path().join(format!("stop-{class}"));
-        let readers: Vec<_> = [
+        let scratch = local.path().join(class);
+        fs::create_dir(&scratch).expect("mkdir scratch");
+        let stop = scratch.join("stop");
+        let files = [
             dir.join("step"),
             dir.join("step"),
             other.path(rel).join("step"),
-        ]
-        .iter()
-        .map(|f| spawn_reader(f, &stop))
-        .collect();
+        ];
+        let mut readers = Readers::start(&files, &scratch, &stop);
+        readers.wait_ready();
 
         let done = AtomicBool::new(false);
         let lib_reads = AtomicU64::new(0);
@@ -257,21 +324,7 @@ fn checkpoint_replacement_under_load_never_fails_a_reader() {
             gen
         });
         fs::write(&stop, b"").expect("tell the readers to stop");
-        let mut reads = 0u64;
-        for r in readers {
-            let out = r.wait_with_output().expect("wait for a reader");
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{class}: a reader failed: {stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            reads += stdout
-                .lines()
-                .find_map(|l| l.strip_prefix("reads="))
-                .and_then(|n| n.parse::<u64>().ok())
-                .expect("a reader's count");
-        }
+        let reads = readers.finish(class);
         eprintln!(
             "{class}: {written} replacements; {reads} reads by processes, {} by the library",
             lib_reads.load(Ordering::Relaxed)
