@@ -33,6 +33,7 @@ pub struct TestClusterBuilder {
     unlinked_grace_ms: u64,
     raft: RaftConfig,
     lossy_front: bool,
+    txn_recovery_after_ms: u64,
 }
 
 impl TestClusterBuilder {
@@ -89,6 +90,11 @@ impl TestClusterBuilder {
         self.raft.keep_entries_after_snapshot = keep;
         self
     }
+    /// Age of a prepared transaction intent after which recovery resolves it.
+    pub fn txn_recovery_after_ms(mut self, ms: u64) -> Self {
+        self.txn_recovery_after_ms = ms;
+        self
+    }
 
     /// Starts the cluster and waits until every partition has a leader.
     pub async fn start(self) -> anyhow::Result<TestCluster> {
@@ -131,6 +137,7 @@ impl TestClusterBuilder {
             c.cluster.chunk_gc_grace_ms = self.chunk_gc_grace_ms;
             c.cluster.unlinked_grace_ms = self.unlinked_grace_ms;
             c.raft = self.raft.clone();
+            c.raft.txn_recovery_after_ms = self.txn_recovery_after_ms;
             let running = RunningNode::start(c.clone(), listener).await?;
             configs.insert(id, c);
             nodes.insert(id, Some(running));
@@ -174,6 +181,7 @@ impl TestCluster {
                 ..RaftConfig::default()
             },
             lossy_front: false,
+            txn_recovery_after_ms: RaftConfig::default().txn_recovery_after_ms,
         }
     }
 
