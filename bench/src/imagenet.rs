@@ -18,7 +18,7 @@
 
 use crate::epoch::{self, BuildResult, EpochResult, FileSpec};
 use crate::mdtest::shell_word;
-use crate::target::{self, Fs, TargetSpec};
+use crate::target::{self, Fs, PosixFs, TargetSpec};
 use anyhow::{bail, Context};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -76,6 +76,10 @@ pub struct ImagenetArgs {
     /// Reader threads per accelerator in loader mode.
     #[arg(long, default_value_t = 4)]
     pub readers: usize,
+    /// Build the tree with the target's bulk loader (Talon's `import`) from a local copy
+    /// made first in a temporary directory, instead of file by file.
+    #[arg(long, conflicts_with = "no_build")]
+    pub import: bool,
     /// Use the tree already there (built by an earlier run with the same flags).
     #[arg(long)]
     pub no_build: bool,
@@ -108,6 +112,7 @@ impl Default for ImagenetArgs {
             step_ms: 100,
             steps: 20,
             readers: 4,
+            import: false,
             no_build: false,
             keep: false,
             json: None,
@@ -147,6 +152,9 @@ impl ImagenetArgs {
                 self.steps,
                 self.readers
             ));
+        }
+        if self.import {
+            c.push_str(" --import");
         }
         if self.no_build {
             c.push_str(" --no-build");
@@ -240,8 +248,16 @@ impl ImagenetReport {
         );
         if let Some(b) = &self.build {
             s.push_str(&format!(
-                "Build: {} tasks, {:.2} s, {:.1} files/s, {:.1} MB/s, {} errors\n",
-                b.tasks, b.seconds, b.files_per_sec, b.mb_per_sec, b.errors
+                "Build ({}): {:.2} s, {:.1} files/s, {:.1} MB/s, {} errors\n",
+                if b.tasks == 0 {
+                    "bulk import".to_string()
+                } else {
+                    format!("{} tasks", b.tasks)
+                },
+                b.seconds,
+                b.files_per_sec,
+                b.mb_per_sec,
+                b.errors
             ));
         }
         if !self.epochs.is_empty() {
@@ -301,6 +317,8 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
     let (dirs, files) = tree(&top, args);
     let build = if args.no_build {
         None
+    } else if args.import {
+        Some(import_tree(fs.as_ref(), &top, args)?)
     } else {
         fs.mkdir_all(&top)
             .with_context(|| format!("make the tree's directory {top}"))?;
@@ -362,6 +380,33 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
         loader,
         max_accelerators_at_90,
         errors,
+    })
+}
+
+/// Writes the tree to a local temporary directory (untimed), then copies it into `top`
+/// with the target's bulk loader (timed).
+fn import_tree(fs: &dyn Fs, top: &str, args: &ImagenetArgs) -> anyhow::Result<BuildResult> {
+    let tmp = tempfile::tempdir().context("make a temporary directory")?;
+    let local_top = tmp.path().display().to_string();
+    let (dirs, files) = tree(&local_top, args);
+    let local = epoch::build(&PosixFs, &dirs, &files, args.build_tasks, args.quiet);
+    if local.errors > 0 {
+        bail!("write the local copy: {:?}", local.first_error);
+    }
+    let imported = fs
+        .bulk_import(tmp.path(), top)
+        .context("--import needs a target with a bulk loader (talon:)")?
+        .with_context(|| format!("import into {top}"))?;
+    let seconds = imported.seconds.max(1e-9);
+    Ok(BuildResult {
+        files: imported.files,
+        bytes: imported.bytes,
+        tasks: 0,
+        seconds,
+        files_per_sec: imported.files as f64 / seconds,
+        mb_per_sec: imported.bytes as f64 / 1e6 / seconds,
+        errors: imported.failed,
+        first_error: None,
     })
 }
 

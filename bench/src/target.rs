@@ -18,10 +18,12 @@
 use anyhow::Context;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
-use talon_client::{Client, ClientOptions, MkdirOptions, OpenOptions, TalonError};
+use talon_client::{
+    Client, ClientOptions, ImportOptions, ImportProgress, MkdirOptions, OpenOptions, TalonError,
+};
 
 /// A workload target as the command line names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +102,24 @@ pub trait Fs: Send + Sync {
     /// to the storage or servers: the page cache for POSIX (needs root), a fresh client
     /// (empty path cache) for the library.
     fn drop_caches(&self) -> io::Result<()>;
+    /// Copies the local tree at `src` into `dst` with the target's own bulk loader, if it
+    /// has one (`None` otherwise): Talon's `import`, the path `talon import` takes.
+    fn bulk_import(&self, _src: &Path, _dst: &str) -> Option<io::Result<Imported>> {
+        None
+    }
+}
+
+/// What a bulk import did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Imported {
+    /// Files written.
+    pub files: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Entries that failed.
+    pub failed: u64,
+    /// Seconds the import took.
+    pub seconds: f64,
 }
 
 /// Opens the target `spec` names.
@@ -353,6 +373,23 @@ impl Fs for TalonFs {
             Err(poisoned) => *poisoned.into_inner() = fresh,
         }
         Ok(())
+    }
+
+    fn bulk_import(&self, src: &Path, dst: &str) -> Option<io::Result<Imported>> {
+        let c = self.client();
+        let progress = ImportProgress::default();
+        let r = self
+            .rt
+            .block_on(c.import(src, dst, &ImportOptions::default(), &progress));
+        Some(match r {
+            Ok(s) => Ok(Imported {
+                files: s.files,
+                bytes: s.bytes,
+                failed: s.failed,
+                seconds: s.elapsed.as_secs_f64(),
+            }),
+            Err(e) => Err(io::Error::other(e.to_string())),
+        })
     }
 }
 

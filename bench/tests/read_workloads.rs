@@ -163,6 +163,25 @@ fn read_workloads_through_the_library() {
         .expect("an image");
     assert!((3750..=6250).contains(&data.len()), "{}", data.len());
 
+    // The bulk loader builds the same tree.
+    let imported = imagenet::run(&ImagenetArgs {
+        target: target.clone(),
+        dir: "/inet-import".into(),
+        files: 40,
+        classes: 4,
+        size: 5000,
+        workers: 4,
+        epochs: 1,
+        import: true,
+        quiet: true,
+        ..ImagenetArgs::default()
+    })
+    .expect("imagenet --import");
+    assert_eq!(imported.errors, 0);
+    let build = imported.build.as_ref().expect("a build");
+    assert_eq!((build.files, build.bytes), (40, report.bytes));
+    assert_eq!(imported.epochs[0].bytes, report.bytes);
+
     let report = traverse::run(&TraverseArgs {
         target,
         dir: "/deep".into(),
