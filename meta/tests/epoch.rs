@@ -4,20 +4,42 @@
 mod common;
 
 use common::TestCluster;
+use std::time::{Duration, Instant};
 use talon_client::CreateSpec;
 use talon_meta::namespace::CreateSpec as ServerSpec;
 use talon_model::placement::entry_partition;
-use talon_model::{Class, FileKind, TalonError};
+use talon_model::{Attr, Class, FileKind, Ino, TalonError};
 
 async fn epochs(cluster: &TestCluster) -> Vec<u64> {
     let mut out = Vec::new();
     for p in 0..8 {
-        let leader = cluster.leader_of(p).await.expect("leader");
+        let leader = common::settled_leader(cluster, p).await;
         let part = &cluster.node(leader).expect("node").node.partitions[&p];
-        part.linearizable().await.expect("barrier");
         out.push(part.store.epoch().expect("epoch"));
     }
     out
+}
+
+/// `create` called directly on the leader of partition `p`. A node deposed between the
+/// look-up and the call answers NotLeader without proposing anything; then the create is
+/// sent again to whichever node leads by then (for up to 60 s).
+async fn create_on_leader(
+    cluster: &TestCluster,
+    p: u32,
+    epoch: u64,
+    parent: Ino,
+    name: &[u8],
+    spec: &ServerSpec,
+) -> Result<(Attr, u64), TalonError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let leader = common::settled_leader(cluster, p).await;
+        let node = &cluster.node(leader).expect("node").node;
+        match node.create(p, epoch, parent, name, spec).await {
+            Err(TalonError::NotLeader { .. }) if Instant::now() < deadline => continue,
+            r => return r,
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -51,8 +73,6 @@ async fn directory_renames_bump_every_partition_and_stale_writes_are_refused() {
     // A create stamped with epoch 1 is refused now, wherever it lands.
     let name = b"late".to_vec();
     let p = entry_partition(root, &name, Class::Relaxed, 8);
-    let leader = cluster.leader_of(p).await.expect("leader");
-    let node = &cluster.node(leader).expect("node").node;
     let spec = ServerSpec {
         kind: FileKind::Regular,
         perm: 0o644,
@@ -64,12 +84,11 @@ async fn directory_renames_bump_every_partition_and_stale_writes_are_refused() {
         exclusive: true,
         request_id: 0,
     };
-    let e = node
-        .create(p, 1, root, &name, &spec)
+    let e = create_on_leader(&cluster, p, 1, root, &name, &spec)
         .await
         .expect_err("stale create");
     assert_eq!(e, TalonError::StaleEpoch { epoch: 2 });
-    node.create(p, 2, root, &name, &spec)
+    create_on_leader(&cluster, p, 2, root, &name, &spec)
         .await
         .expect("create at the current epoch");
     cluster.shutdown().await;

@@ -330,9 +330,12 @@ fn killing_a_node_under_a_mount_is_only_a_pause() {
         || s.created.load(Ordering::SeqCst) >= ITERATIONS_AROUND_KILL,
     );
 
-    let victim = rt
-        .block_on(leader_of(&pc.addrs, 0))
-        .expect("a leader of partition 0");
+    // Leadership may be changing hands at any one instant: wait until a node claims it.
+    let victim = rt.block_on(eventually(
+        Duration::from_secs(60),
+        "a leader of partition 0",
+        || leader_of(&pc.addrs, 0),
+    ));
     let (written, read) = (
         s.created.load(Ordering::SeqCst),
         s.reads.load(Ordering::SeqCst),

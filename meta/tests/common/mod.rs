@@ -176,3 +176,25 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The node leading `partition` once one is known and its read barrier succeeds, polled
+/// for up to 60 s. Leadership can move at any instant (a spurious election on a loaded
+/// machine), so a single look may find no leader, or one just deposed that refuses the
+/// barrier; what the barrier confirms is that this node's state holds everything committed
+/// before the call.
+pub async fn settled_leader(cluster: &TestCluster, partition: u32) -> u64 {
+    eventually(
+        Duration::from_secs(60),
+        &format!("a leader of partition {partition} that passes a read barrier"),
+        || async move {
+            let id = cluster.leader_of(partition).await?;
+            let part = cluster.node(id)?.node.partitions.get(&partition)?.clone();
+            tokio::time::timeout(Duration::from_secs(10), part.linearizable())
+                .await
+                .ok()?
+                .ok()?;
+            Some(id)
+        },
+    )
+    .await
+}
