@@ -6,10 +6,16 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use talon_client::CreateSpec;
+use talon_client::{Client, ClientOptions, CreateSpec};
 use talon_meta::types::{Command, CommandResult, Expect, Op, Target, TxId};
 use talon_model::placement::entry_partition;
 use talon_model::{Class, FileKind, Ino};
+
+/// Age of a prepared intent after which recovery resolves it.
+const RECOVERY_AFTER: Duration = Duration::from_secs(10);
+/// Bound on how long a reader of a locked entry waits: recovery's delay plus slack for a
+/// loaded machine. A liveness bound, not a timing claim.
+const READER_BOUND: Duration = Duration::from_secs(60);
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -30,7 +36,27 @@ fn split_names(a: Ino, b: Ino) -> (Vec<u8>, Vec<u8>) {
 }
 
 async fn orphaned_rename(commit_decided: bool) {
-    let (cluster, c) = common::cluster(3, 8).await;
+    // Recovery waits well past how long preparing and deciding can take on a loaded machine,
+    // so it never aborts the transaction before this test has decided it.
+    let cluster = common::TestCluster::builder()
+        .nodes(3)
+        .partitions(8)
+        .replication(3)
+        .txn_recovery_after_ms(RECOVERY_AFTER.as_millis() as u64)
+        .start()
+        .await
+        .expect("cluster");
+    // The reader below waits for recovery; its deadline must outlast READER_BOUND, so a
+    // slow recovery fails the bound below rather than the lookup.
+    let c = Client::connect(
+        &cluster.addrs(),
+        ClientOptions {
+            op_timeout: READER_BOUND * 2,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .expect("connect client");
     let a = c.mkdir("/a", Default::default()).await.expect("mkdir").ino;
     let b = c.mkdir("/b", Default::default()).await.expect("mkdir").ino;
     let (x, y) = split_names(a, b);
@@ -121,7 +147,10 @@ async fn orphaned_rename(commit_decided: bool) {
     c.rename_entry(from.0, from.1, to.0, to.1, Default::default())
         .await
         .expect("rename after recovery");
-    assert!(waited < Duration::from_secs(30));
+    assert!(
+        waited < READER_BOUND,
+        "the reader waited {waited:?} for recovery (after {RECOVERY_AFTER:?})"
+    );
     cluster.shutdown().await;
 }
 
