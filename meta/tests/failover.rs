@@ -5,11 +5,11 @@
 mod common;
 
 use common::{eventually, test_raft, ProcCluster};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talon_client::{Client, CreateSpec, DirCursor};
-use talon_model::Ino;
+use talon_model::{Errno, Ino};
 use talon_proto::v1::namespace_client::NamespaceClient;
 use talon_proto::v1::StatusRequest;
 use tokio::sync::Mutex;
@@ -39,6 +39,19 @@ async fn raw_status(addr: &str) -> Option<Vec<talon_proto::v1::PartitionStatus>>
             .into_inner()
             .partitions,
     )
+}
+
+/// A lookup's definite answer: Some(the ino) or Some(None) for ENOENT; None for any other
+/// error, which says nothing about where the entry is.
+fn definite(r: Result<talon_model::Attr, talon_model::TalonError>) -> Option<Option<Ino>> {
+    match r {
+        Ok(a) => Some(Some(a.ino)),
+        Err(e) if e.errno() == Errno::ENOENT => Some(None),
+        Err(e) => {
+            eprintln!("lookup without a definite answer: {e}");
+            None
+        }
+    }
 }
 
 async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
@@ -153,16 +166,19 @@ async fn creates_survive_killing_a_partition_leader() {
         .ino;
     let s = stream(&c, dir, "a");
     eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         "creates before the kill",
         || async { (s.count().await >= 200).then_some(()) },
     )
     .await;
-    let victim = leader_node(&pc, 0).await.expect("leader of partition 0");
+    let victim = eventually(Duration::from_secs(60), "a leader of partition 0", || {
+        leader_node(&pc, 0)
+    })
+    .await;
     pc.kill(victim);
     let at_kill = s.count().await;
     eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "creates to go on after the kill",
         || async { (s.count().await >= at_kill + 500).then_some(()) },
     )
@@ -196,7 +212,7 @@ async fn killed_node_catches_up_from_a_snapshot() {
         .ino;
     let s = stream(&c, dir, "b");
     eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         "creates before the kill",
         || async { (s.count().await >= 100).then_some(()) },
     )
@@ -204,44 +220,46 @@ async fn killed_node_catches_up_from_a_snapshot() {
     let held_at_kill = raw_status(&pc.addrs[1]).await.expect("status of node 2");
     pc.kill(2);
     let at_kill = s.count().await;
-    // Enough entries on every partition to build snapshots past node 2's log.
-    eventually(
-        Duration::from_secs(60),
-        "creates to go on without node 2",
-        || async { (s.count().await >= at_kill + 4000).then_some(()) },
+    // Creates go on without node 2: enough entries on every partition to build snapshots
+    // past node 2's log, and until some partition's leader has purged its log past what
+    // node 2 holds, so node 2 can only catch up there by installing a snapshot.
+    let purged_past = eventually(
+        Duration::from_secs(180),
+        "4000 creates without node 2 and a leader to purge its log past node 2's",
+        || async {
+            if s.count().await < at_kill + 4000 {
+                return None;
+            }
+            let mut purged_past = Vec::new();
+            for (i, addr) in pc.addrs.iter().enumerate() {
+                if i == 1 {
+                    continue;
+                }
+                for p in raw_status(addr).await.unwrap_or_default() {
+                    let held = held_at_kill
+                        .iter()
+                        .find(|q| q.id == p.id)
+                        .map(|q| q.last_log_index);
+                    if p.role == "LEADER" && p.purged_index > held.unwrap_or(0) {
+                        purged_past.push(p.id);
+                    }
+                }
+            }
+            (!purged_past.is_empty()).then_some(purged_past)
+        },
     )
     .await;
     let acked = s.finish().await;
     println!(
-        "acknowledged {} creates; longest pause {:?}",
+        "acknowledged {} creates ({} after the kill); longest pause {:?}",
         acked.len(),
+        acked.len() - at_kill,
         max_gap(&acked)
-    );
-    // Some partition's leader has purged its log past what node 2 holds: node 2 can only
-    // catch up there by installing a snapshot.
-    let mut purged_past = Vec::new();
-    for (i, addr) in pc.addrs.iter().enumerate() {
-        if i == 1 {
-            continue;
-        }
-        for p in raw_status(addr).await.unwrap_or_default() {
-            let held = held_at_kill
-                .iter()
-                .find(|q| q.id == p.id)
-                .map(|q| q.last_log_index);
-            if p.role == "LEADER" && p.purged_index > held.unwrap_or(0) {
-                purged_past.push(p.id);
-            }
-        }
-    }
-    assert!(
-        !purged_past.is_empty(),
-        "no leader purged its log past node 2's"
     );
     println!("partitions whose leader purged past node 2's log: {purged_past:?}");
     pc.restart(2);
     // Node 2 catches up: every partition's applied index and entry count match a peer's.
-    eventually(Duration::from_secs(60), "node 2 to catch up", || async {
+    eventually(Duration::from_secs(180), "node 2 to catch up", || async {
         let a = node_status(&pc.addrs[0]).await?;
         let b = node_status(&pc.addrs[1]).await?;
         let same = a
@@ -299,9 +317,10 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
         inos.push(attr.ino);
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let renamed = Arc::new(AtomicU64::new(0));
     let mut movers = Vec::new();
     for i in 0..FILES {
-        let (c, stop) = (c.clone(), stop.clone());
+        let (c, stop, renamed) = (c.clone(), stop.clone(), renamed.clone());
         movers.push(tokio::spawn(async move {
             let (n1, n2) = (format!("f{i}").into_bytes(), format!("g{i}").into_bytes());
             let mut at_a = true;
@@ -313,7 +332,10 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
                     c.rename_entry(b, &n2, a, &n1, Default::default()).await
                 };
                 match r {
-                    Ok(()) => at_a = !at_a,
+                    Ok(()) => {
+                        at_a = !at_a;
+                        renamed.fetch_add(1, Ordering::SeqCst);
+                    }
                     // Unknown outcome (the reply was lost in the crash): find out where it is.
                     Err(_) => match c.lookup(a, &n1).await {
                         Ok(_) => at_a = true,
@@ -325,8 +347,17 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
             moves
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let victim = leader_node(&pc, 3).await.expect("leader of partition 3");
+    // The crash must come while renames are in full flow.
+    eventually(
+        Duration::from_secs(60),
+        "renames before the crash",
+        || async { (renamed.load(Ordering::SeqCst) >= 4 * FILES as u64).then_some(()) },
+    )
+    .await;
+    let victim = eventually(Duration::from_secs(60), "a leader of partition 3", || {
+        leader_node(&pc, 3)
+    })
+    .await;
     pc.kill(victim);
     tokio::time::sleep(Duration::from_millis(3000)).await;
     pc.restart(victim);
@@ -340,11 +371,21 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
         .map(|id| pc.log(id).matches("recovering stale transaction").count())
         .sum();
     println!("{total} renames attempted around the crash of node {victim}; {recovered} intents resolved by recovery");
-    // Once recovery has resolved every intent, each file is under exactly one name.
+    // Once recovery has resolved every intent, each file is under exactly one name. Until
+    // then (and while the restarted node rejoins) a lookup may wait out its deadline; only
+    // a definite answer, the file or ENOENT, counts.
     for (i, ino) in inos.iter().enumerate() {
         let (n1, n2) = (format!("f{i}").into_bytes(), format!("g{i}").into_bytes());
-        let x = c.lookup(a, &n1).await.ok().map(|a| a.ino);
-        let y = c.lookup(b, &n2).await.ok().map(|a| a.ino);
+        let (x, y) = eventually(
+            Duration::from_secs(60),
+            &format!("definite lookups of file {i}"),
+            || async {
+                let x = definite(c.lookup(a, &n1).await)?;
+                let y = definite(c.lookup(b, &n2).await)?;
+                Some((x, y))
+            },
+        )
+        .await;
         assert!(x.is_some() != y.is_some(), "file {i}: /a {x:?} /b {y:?}");
         assert_eq!(x.or(y), Some(*ino));
     }

@@ -24,6 +24,8 @@ use talon_model::{Class, Errno, Ino};
 
 const SOLO: usize = 6;
 const CONTESTED: usize = 6;
+/// Consistent samples of solo files the checker must take.
+const MIN_CHECKS: u64 = 100;
 
 fn names(i: usize) -> (Vec<u8>, Vec<u8>) {
     (
@@ -75,14 +77,20 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let seqs: Arc<Vec<AtomicU64>> = Arc::new((0..SOLO).map(|_| AtomicU64::new(0)).collect());
+    // Consistent samples the checker has taken so far.
+    let sampled = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    // Solo renamers.
+    // Solo renamers: 300 renames each, and on (up to ten times as many) while the checker
+    // still lacks samples, so a slow checker still has renames to watch.
     for i in 0..SOLO {
-        let (c, stop, seqs) = (c.clone(), stop.clone(), seqs.clone());
+        let (c, stop, seqs, sampled) = (c.clone(), stop.clone(), seqs.clone(), sampled.clone());
         tasks.push(tokio::spawn(async move {
             let (n1, n2) = names(i);
             let mut done = 0u64;
-            while !stop.load(Ordering::SeqCst) && done < 300 {
+            while !stop.load(Ordering::SeqCst)
+                && done < 3000
+                && (done < 300 || sampled.load(Ordering::SeqCst) < MIN_CHECKS)
+            {
                 seqs[i].fetch_add(1, Ordering::SeqCst);
                 let r = if done.is_multiple_of(2) {
                     c.rename_entry(a, &n1, b, &n2, Default::default()).await
@@ -119,8 +127,15 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
     // Checker of solo files.
     let mut checks = 0u64;
     let mut in_flight_checks = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && tasks.iter().take(SOLO).any(|t| !t.is_finished()) {
+    // Sample while the solo renamers run. A minute is enough on an idle machine; a loaded
+    // one samples more slowly, so the checker goes on past it until it has its 100 samples
+    // (or the renamers are done), within a generous cap.
+    let started = Instant::now();
+    let enough = |checks: u64| {
+        let t = started.elapsed();
+        t >= Duration::from_secs(300) || (t >= Duration::from_secs(60) && checks >= MIN_CHECKS)
+    };
+    while !enough(checks) && tasks.iter().take(SOLO).any(|t| !t.is_finished()) {
         for i in 0..SOLO {
             let (n1, n2) = names(i);
             let s1 = seqs[i].load(Ordering::SeqCst);
@@ -139,6 +154,7 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
                 continue;
             }
             checks += 1;
+            sampled.store(checks, Ordering::SeqCst);
             let (src_seen, dst_seen) = if dst_first { (s, f) } else { (f, s) };
             if s1.is_multiple_of(2) {
                 assert_eq!(src_seen, Some(inos[i]), "file {i} quiescent at its source");
@@ -167,7 +183,7 @@ async fn cross_partition_rename_is_atomic_under_concurrency() {
         t.await.expect("renamer task");
     }
     println!("solo checks: {checks} ({in_flight_checks} during a rename)");
-    assert!(checks >= 100, "too few consistent samples: {checks}");
+    assert!(checks >= MIN_CHECKS, "too few consistent samples: {checks}");
 
     // Quiescent: every file exactly once, with its own ino.
     for (i, ino) in inos.iter().enumerate() {
