@@ -85,10 +85,11 @@ pub trait Fs: Send + Sync {
     fn create(&self, path: &str, data: &[u8]) -> io::Result<()>;
     /// The size of the file or directory at `path`.
     fn stat(&self, path: &str) -> io::Result<u64>;
-    /// Opens a file read-only, reads up to `len` bytes from offset 0 into `buf` (nothing
-    /// when `len` is 0: an open and a close), closes it; returns the bytes read.
+    /// Opens a file read-only, reads up to `len` bytes from offset 0 into the front of `buf`
+    /// (nothing when `len` is 0: an open and a close), closes it; returns the bytes read.
     fn open_read(&self, path: &str, len: usize, buf: &mut Vec<u8>) -> io::Result<usize>;
-    /// Reads a whole file into `buf` (replacing its contents); returns its length.
+    /// Reads a whole file into the front of `buf`; returns its length. `buf` is scratch
+    /// space a worker reuses: its length may exceed the file's.
     fn read_whole(&self, path: &str, buf: &mut Vec<u8>) -> io::Result<usize>;
     /// Removes a file.
     fn unlink(&self, path: &str) -> io::Result<()>;
@@ -157,20 +158,22 @@ pub fn work_dir(spec: Option<&TargetSpec>, dir: &str) -> String {
 pub struct PosixFs;
 
 impl PosixFs {
+    /// Reads up to `limit` bytes from offset 0 into the front of `buf`, growing it in
+    /// 1 MiB steps but never shrinking or re-zeroing it, so a worker's buffer is allocated
+    /// once per run, not once per file; returns the bytes read.
     fn read_to(fd: &OwnedFd, buf: &mut Vec<u8>, limit: usize) -> io::Result<usize> {
         let mut got = 0;
         while got < limit {
-            if buf.len() < limit.min(got + (1 << 20)) {
-                buf.resize(limit.min(got + (1 << 20)), 0);
+            let want = limit.min(got + (1 << 20));
+            if buf.len() < want {
+                buf.resize(want, 0);
             }
-            let end = buf.len().min(limit);
-            let n = rustix::io::pread(fd, &mut buf[got..end], got as u64)?;
+            let n = rustix::io::pread(fd, &mut buf[got..want], got as u64)?;
             if n == 0 {
                 break;
             }
             got += n;
         }
-        buf.truncate(got);
         Ok(got)
     }
 }
