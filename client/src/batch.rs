@@ -81,6 +81,7 @@ impl Client {
             }
             results[i] = Some(r);
         }
+        self.changed_dir(parent);
         finish(results)
     }
 

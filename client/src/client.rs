@@ -182,6 +182,15 @@ impl Client {
         }
     }
 
+    /// Records that this client changed the entries of directory `dir`: the directory's
+    /// link count and times changed on its home partition before the change was answered,
+    /// so this client's reads there go to the leader for the session window, and cached
+    /// entries naming `dir` (with its old attributes) are not served any more.
+    pub(crate) fn changed_dir(&self, dir: Ino) {
+        self.note_write(dir.home());
+        self.cache().forget_attr(dir);
+    }
+
     /// `read`, upgraded from relaxed to strict when this client wrote to `p` recently
     /// enough that a follower may not have its change yet.
     pub(crate) fn read_for(&self, p: u32, read: ReadKind) -> ReadKind {
@@ -389,6 +398,7 @@ impl Client {
             })
             .await?;
         self.cache().observe_epoch(reply.epoch);
+        self.changed_dir(parent);
         let attr = attr_of(reply.attr)?;
         let stamp = reply.epoch.max(epoch);
         self.cache()
@@ -419,6 +429,7 @@ impl Client {
         .await;
         // Whatever the answer, what this client believed about the name is in doubt.
         self.cache().remove_dentry(parent, name);
+        self.changed_dir(parent);
         let reply = match r {
             // An attempt whose answer was lost removed it: the name is gone, as asked.
             Err(e) if doubt && e.errno() == Errno::ENOENT => {
@@ -481,6 +492,8 @@ impl Client {
             }
             self.cache().remove_dentry(src_parent, src_name);
             self.cache().remove_dentry(dst_parent, dst_name);
+            self.changed_dir(src_parent);
+            self.changed_dir(dst_parent);
             r
         };
         let src = (src_parent, src_name);
@@ -606,6 +619,7 @@ impl Client {
             }
         };
         self.cache().note_attr(&attr);
+        self.changed_dir(new_parent);
         self.cache()
             .insert_dentry(new_parent, class, new_name, &attr, stamp);
         Ok(attr)

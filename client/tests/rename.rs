@@ -21,7 +21,10 @@ async fn rename_flags() {
     assert_eq!(errno(c.stat("/d/a").await), Errno::ENOENT);
     // The replaced inode has no name left; it stays readable by inode for the unlinked
     // grace (reclaiming it is `meta/tests/unlinked.rs`'s subject).
-    let replaced = c.getattr(b.ino).await.expect("the replaced inode, within its grace");
+    let replaced = c
+        .getattr(b.ino)
+        .await
+        .expect("the replaced inode, within its grace");
     assert_eq!(replaced.nlink, 0, "the replaced inode keeps no link");
     assert_eq!(errno(c.rename("/d/a", "/d/c").await), Errno::ENOENT);
 

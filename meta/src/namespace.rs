@@ -353,7 +353,7 @@ impl Node {
         parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
-    ) -> Result<(Vec<Op>, Class), TalonError> {
+    ) -> Result<Vec<Op>, TalonError> {
         check_name(name)?;
         if spec.kind == FileKind::Symlink {
             validate_symlink_target(&spec.symlink)
@@ -405,7 +405,7 @@ impl Node {
                 now,
             });
         }
-        Ok((ops, pclass))
+        Ok(ops)
     }
 
     /// Creates a file, directory, symlink or special file.
@@ -418,19 +418,18 @@ impl Node {
         spec: &CreateSpec,
     ) -> Result<(Attr, u64), TalonError> {
         let part = self.local(p)?;
-        let (ops, pclass) = self.plan_create(part, epoch, parent, name, spec).await?;
+        let ops = self.plan_create(part, epoch, parent, name, spec).await?;
         let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-        self.finish_create(part, epoch, (parent, pclass), name, spec, res)
+        self.finish_create(part, epoch, parent, name, spec, res)
             .await
     }
 
-    /// Answers a create from its proposal's result; `parent` comes with its class, as
-    /// planning found it.
+    /// Answers a create in `parent` from its proposal's result.
     async fn finish_create(
         &self,
         part: &Partition,
         epoch: u64,
-        (parent, pclass): (Ino, Class),
+        parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
         res: CommandResult,
@@ -443,7 +442,7 @@ impl Node {
                     })?;
                 if parent.home() != part.id {
                     let nlink = i32::from(spec.kind == FileKind::Directory);
-                    self.touch_parent(parent, pclass, nlink, Time::now()).await;
+                    self.touch_parent(parent, nlink, Time::now()).await;
                 }
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
@@ -495,9 +494,9 @@ impl Node {
     ) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
         let part = self.local(p)?;
         let futs = items.into_iter().map(|(parent, name, spec)| async move {
-            let (ops, pclass) = self.plan_create(part, epoch, parent, &name, &spec).await?;
+            let ops = self.plan_create(part, epoch, parent, &name, &spec).await?;
             let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-            self.finish_create(part, epoch, (parent, pclass), &name, &spec, res)
+            self.finish_create(part, epoch, parent, &name, &spec, res)
                 .await
                 .map(|(a, _)| a)
         });
@@ -529,7 +528,8 @@ impl Node {
         name: &[u8],
         directory: bool,
     ) -> Result<(Ino, u32), TalonError> {
-        let (pclass, _) = self.entry_class(part, parent, name).await?;
+        // Refuses an entry this partition does not hold (class changed, not hosted).
+        self.entry_class(part, parent, name).await?;
         part.linearizable().await?;
         let d = part
             .store
@@ -584,8 +584,7 @@ impl Node {
         let single = parts.len() == 1;
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
         if !(single && parent.home() == p) {
-            self.touch_parent(parent, pclass, -i32::from(directory), now)
-                .await;
+            self.touch_parent(parent, -i32::from(directory), now).await;
         }
         let nlink = outcome_attr(&out, d.ino).map(|a| a.nlink).unwrap_or(0);
         Ok((d.ino, nlink))
@@ -649,7 +648,7 @@ impl Node {
         flags: u32,
     ) -> Result<u64, TalonError> {
         let ps = part.id;
-        let (sclass, _) = self.entry_class(part, sp, sn).await?;
+        self.entry_class(part, sp, sn).await?;
         let (dclass, _) = self.dir_class(part, dp).await?;
         let pd = entry_partition(dp, dn, dclass, self.partitions_count());
         part.linearizable().await?;
@@ -827,10 +826,11 @@ impl Node {
         let mut touches = nlink_delta;
         touches.entry(sp).or_default();
         touches.entry(dp).or_default();
-        futures::future::join_all(touches.into_iter().map(|(dir, delta)| {
-            let class = if dir == sp { sclass } else { dclass };
-            self.touch_parent(dir, class, delta, now)
-        }))
+        futures::future::join_all(
+            touches
+                .into_iter()
+                .map(|(dir, delta)| self.touch_parent(dir, delta, now)),
+        )
         .await;
         Ok(outcome_epoch(&out).max(cur_epoch))
     }
@@ -907,7 +907,7 @@ impl Node {
             .or_default()
             .push(relink(ino, 1, None, now));
         let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
-        self.touch_parent(np, pclass, 0, now).await;
+        self.touch_parent(np, 0, now).await;
         let attr = match outcome_attr(&out, ino) {
             Some(a) => a,
             None => self

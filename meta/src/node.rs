@@ -18,7 +18,7 @@ use openraft::BasicNode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use talon_model::{Class, Ino, TalonError, Time};
+use talon_model::{Ino, TalonError, Time};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -385,20 +385,21 @@ impl Node {
     }
 
     /// Updates directory `dir`'s link count and mtime after a change to its entries made
-    /// on another partition than its home. For a strict directory this is done before the
-    /// change is answered, so a reader sees the directory's new attributes with the new
-    /// entry; for a relaxed one it is queued and applied within some 50 ms (inside the
-    /// staleness bound relaxed reads have anyway). A strict update that fails (a leader
-    /// change) falls back to the queue.
-    pub async fn touch_parent(&self, dir: Ino, class: Class, nlink: i32, now: Time) {
-        if class == Class::Strict {
-            let cmd = Command::Atomic(vec![Op::TouchDir { dir, nlink, now }]);
-            match self.propose_on(dir.home(), cmd).await {
-                Ok(_) => return,
-                Err(e) => tracing::debug!(%dir, "directory update queued instead: {e}"),
+    /// on another partition than its home, before the change is answered, in both classes:
+    /// the client that made the change then sees the directory's new attributes at once
+    /// (session consistency; in a relaxed directory other clients may see them late,
+    /// within the staleness bound), and concurrent updates of one directory merge into one
+    /// proposal like any others. An update that fails (a leader change) falls back to the
+    /// queue that the node flushes every 50 ms.
+    pub async fn touch_parent(&self, dir: Ino, nlink: i32, now: Time) {
+        let cmd = Command::Atomic(vec![Op::TouchDir { dir, nlink, now }]);
+        match self.propose_on(dir.home(), cmd).await {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(%dir, "directory update queued instead: {e}");
+                self.touch_dir(dir, nlink, now);
             }
         }
-        self.touch_dir(dir, nlink, now);
     }
 
     /// Queues an asynchronous directory attribute update (link count, mtime).
