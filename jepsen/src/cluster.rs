@@ -8,7 +8,9 @@
 //!
 //! The [`Cluster`] owns its processes. Dropping it sends SIGKILL to every node still
 //! running (a stopped node dies of SIGKILL too) and reaps it, so a harness that fails or is
-//! interrupted leaves no process behind.
+//! interrupted leaves no process behind. Nodes are started through `setpriv --pdeathsig
+//! KILL` when util-linux's `setpriv` is there, so that even a harness killed with SIGKILL
+//! (whose destructors never run) takes its nodes with it.
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -223,7 +225,14 @@ impl Cluster {
             .open(&n.log)
             .map_err(io(format!("open {}", n.log.display())))?;
         let log2 = log.try_clone().map_err(io("clone the log handle"))?;
-        let child = Command::new(&bin)
+        let mut cmd = if setpriv_available() {
+            let mut c = Command::new("setpriv");
+            c.args(["--pdeathsig", "KILL", "--"]).arg(&bin);
+            c
+        } else {
+            Command::new(&bin)
+        };
+        let child = cmd
             .arg("start")
             .arg("--config")
             .arg(&n.config)
@@ -307,6 +316,20 @@ impl Cluster {
         };
         tail(&n.log, lines)
     }
+}
+
+/// Whether `setpriv` (util-linux) can be run.
+fn setpriv_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        Command::new("setpriv")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    })
 }
 
 fn tail(path: &Path, lines: usize) -> String {

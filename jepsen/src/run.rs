@@ -66,6 +66,8 @@ pub struct RunConfig {
     pub op_timeout: Duration,
     /// Time the final reads may take after healing.
     pub recovery: Duration,
+    /// See [`Ctx::lenient_renames`].
+    pub lenient_renames: bool,
 }
 
 impl RunConfig {
@@ -95,6 +97,7 @@ impl RunConfig {
             },
             op_timeout: Duration::from_secs(8),
             recovery: Duration::from_secs(90),
+            lenient_renames: false,
         }
     }
 }
@@ -227,6 +230,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         workers: cfg.concurrency,
         op_timeout: cfg.op_timeout,
         seed: cfg.seed,
+        lenient_renames: cfg.lenient_renames,
     };
     let keep = |e: WorkloadError| RunError::Workload(e, dir.clone());
     let load = match cfg.workload {
@@ -455,6 +459,12 @@ fn summarize(
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
             percentile(&lat, 1.0)
+        );
+    }
+    if cfg.lenient_renames {
+        let _ = writeln!(
+            s,
+            "note: ENOENT/EEXIST answers to renames counted as unknown (finding F1)"
         );
     }
     let _ = writeln!(s, "checked: {}", verdict.checked);

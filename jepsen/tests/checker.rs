@@ -268,6 +268,32 @@ fn renames_reject_a_duplicated_file() {
 }
 
 #[test]
+fn renames_reject_half_a_rename() {
+    // a is listed first: while f0 moves from a to b it may show in both, never in neither.
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .invoke(1, mv("f0", "a", "b"))
+        .invoke(0, list_call(false))
+        .ok(0, listing(false, &[], &[]))
+        .ok(1, mv("f0", "a", "b"))
+        .op(0, list_call(true), listing(true, &[], &["f0"]));
+    let v = check_renames(&h.0);
+    assert!(!v.valid, "{v:?}");
+    assert!(v.anomalies[0].contains("f0 appears 0 times"), "{v:?}");
+    // Moving from b to a, it may show in neither.
+    let mut h = H::default();
+    h.op(9, add("f0"), add("f0"))
+        .op(1, mv("f0", "a", "b"), mv("f0", "a", "b"))
+        .invoke(1, mv("f0", "b", "a"))
+        .invoke(0, list_call(false))
+        .ok(0, listing(false, &[], &[]))
+        .ok(1, mv("f0", "b", "a"))
+        .op(0, list_call(true), listing(true, &["f0"], &[]));
+    let v = check_renames(&h.0);
+    assert!(v.valid, "{v:?}");
+}
+
+#[test]
 fn renames_reject_a_lost_file_and_an_unknown_name() {
     let mut h = H::default();
     h.op(9, add("f0"), add("f0"))

@@ -90,6 +90,10 @@ struct RunArgs {
     /// Keep the working directory (history, node logs and data) even when valid.
     #[arg(long)]
     keep: bool,
+    /// Count ENOENT and EEXIST answers to renames as unknown outcomes (works around finding
+    /// F1 in jepsen/README.md: such answers can come for a rename that happened).
+    #[arg(long)]
+    lenient_renames: bool,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -146,6 +150,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.timing.quiet = Duration::from_secs_f64(a.quiet);
     c.dir = a.dir;
     c.keep = a.keep;
+    c.lenient_renames = a.lenient_renames;
     Ok(c)
 }
 

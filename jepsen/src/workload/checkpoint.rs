@@ -7,7 +7,8 @@
 //! key), half read and verify: a read whose bytes do not verify is recorded as a torn read,
 //! which is an anomaly. Writes and verified reads of each key form a register history that
 //! must be linearizable, which is "after a successful rename every later open sees the new
-//! contents". Keys advance every `ops_per_key` operations.
+//! contents". Keys advance every `ops_per_key` operations; readers are paced so that a key
+//! sees several writes.
 
 use super::{classify, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
@@ -17,6 +18,9 @@ use talon_client::{Class, Errno, MkdirOptions};
 pub const DIR: &str = "/checkpoints/run";
 
 const HEADER: usize = 20;
+
+/// Pause before each read.
+const READ_PACE: std::time::Duration = std::time::Duration::from_millis(40);
 
 /// Builds checkpoint `version` of `len` body bytes.
 pub fn encode(version: u64, len: usize) -> Vec<u8> {
@@ -132,6 +136,9 @@ impl Checkpoint {
                 })
                 .await;
             } else {
+                // Readers are far faster than writers of multi-MiB files: paced, so that
+                // each key sees several writes among its reads.
+                tokio::time::sleep(READ_PACE).await;
                 let call = Call::Read {
                     key: key.clone(),
                     value: None,

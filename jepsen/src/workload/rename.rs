@@ -11,7 +11,7 @@ use super::{classify, list, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::{Call, EventType};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
-use talon_client::{Class, CreateSpec, Ino, MkdirOptions, RenameFlags};
+use talon_client::{Class, CreateSpec, Errno, Ino, MkdirOptions, RenameFlags};
 
 /// Parent of the two directories (strict by the cluster's default prefixes).
 pub const ROOT: &str = "/control/rename";
@@ -78,7 +78,7 @@ impl Rename {
                     .create(dir_a.ino, name.as_bytes(), CreateSpec::file(0o644))
                     .await
                 {
-                    Err(e) if classify(&e) == Some(talon_client::Errno::EEXIST) => Ok(()),
+                    Err(e) if classify(&e) == Some(Errno::EEXIST) => Ok(()),
                     r => r.map(|_| ()),
                 }
             })
@@ -128,6 +128,9 @@ impl Rename {
                     .await
                 {
                     Ok(()) => Outcome::Ok(call.clone()),
+                    Err(e) if ctx.lenient_renames && classify(&e).is_some() => {
+                        Outcome::Info(e.to_string())
+                    }
                     Err(e) if classify(&e).is_some() => Outcome::Fail(e.to_string()),
                     Err(e) => Outcome::Info(e.to_string()),
                 }

@@ -1,0 +1,204 @@
+//! Short runs of every workload under every fault kind, each ending in a verdict: a fresh
+//! 5-node cluster of real `talon-meta` processes per test, faults in turn (`--schedule
+//! each`), then the checker. A test passes only on a VALID verdict.
+//!
+//! The tests run the `talon-jepsen` binary, which finds `talon-meta` next to itself in the
+//! target directory (a workspace build or test run builds both), or at `$TALON_META_BIN`.
+//! The harness needs root (a network namespace of its own, nftables inside it).
+//!
+//! Open findings (jepsen/README.md): F1, the client can answer ENOENT or EEXIST for a
+//! rename that took effect, and F3, strict listings can see half of a cross-partition
+//! rename. The register and rename runs here count such answers as unknown
+//! (`--lenient-renames`), and the rename run need only reach a verdict, so the gate stays
+//! green; the `*_strict` tests, ignored until the findings are fixed, fail on them.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a run may take, start-up, faults, recovery and checking included.
+const WALL: Duration = Duration::from_secs(300);
+
+fn meta_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TALON_META_BIN") {
+        return PathBuf::from(p);
+    }
+    let harness = PathBuf::from(env!("CARGO_BIN_EXE_talon-jepsen"));
+    let p = harness
+        .parent()
+        .expect("the harness binary has a directory")
+        .join("talon-meta");
+    if !p.exists() {
+        // `cargo nextest run --workspace` builds it; a lone `-p talon-jepsen` may not have.
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "-p", "talon-meta", "--bin", "talon-meta"])
+            .status()
+            .expect("run cargo build -p talon-meta");
+        assert!(st.success(), "cargo build -p talon-meta failed");
+    }
+    assert!(p.exists(), "no talon-meta at {}", p.display());
+    p
+}
+
+/// Runs the harness with `args` and asserts a VALID verdict.
+fn run(args: &[&str]) {
+    let (ok, stdout, tail) = run_harness(args);
+    assert!(
+        ok && stdout.contains("verdict: VALID"),
+        "talon-jepsen {args:?} did not find the history valid\n{}",
+        tail
+    );
+}
+
+/// Runs the harness with `args` and asserts it reached a verdict, whichever.
+fn run_to_verdict(args: &[&str]) {
+    let (_, stdout, tail) = run_harness(args);
+    assert!(
+        stdout.contains("verdict: VALID") || stdout.contains("verdict: INVALID"),
+        "talon-jepsen {args:?} reached no verdict\n{}",
+        tail
+    );
+}
+
+/// Runs the harness; returns whether it exited 0, its output, and the tail of its errors.
+fn run_harness(args: &[&str]) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_talon-jepsen"))
+        .arg("run")
+        .args(args)
+        .arg("--meta-bin")
+        .arg(meta_bin())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start talon-jepsen");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for talon-jepsen") {
+            break Some(st);
+        }
+        if start.elapsed() > WALL {
+            // SIGKILL: its nodes die with it (parent-death signal), its namespace with them.
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stdout = reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    println!("{stdout}");
+    let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    match status {
+        None => panic!("talon-jepsen ran over {WALL:?}\n{}", tail.join("\n")),
+        Some(st) => (
+            st.success(),
+            stdout,
+            format!("exit {st}\n{}", tail.join("\n")),
+        ),
+    }
+}
+
+/// Every fault kind in turn, each held 1.5-2.5 s after 1 s of quiet: 8 faults in ~28 s.
+const EACH: &[&str] = &[
+    "--schedule",
+    "each",
+    "--time",
+    "30",
+    "--hold",
+    "1.5,2.5",
+    "--quiet",
+    "1",
+    "--seed",
+    "20261123",
+];
+
+#[test]
+fn register_under_every_fault() {
+    let mut a = vec!["--workload", "register", "--lenient-renames"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+#[test]
+#[ignore = "open finding F1: ENOENT/EEXIST answered for a rename that took effect"]
+fn register_under_every_fault_strict() {
+    let mut a = vec!["--workload", "register"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+#[test]
+fn set_under_every_fault() {
+    let mut a = vec!["--workload", "set"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+/// The rename workload finds open finding F3 (half of a cross-partition rename is visible
+/// to strict listings) in nearly every run, faults or not, so here it must reach a verdict
+/// (exit status 0 or 1, a `verdict:` line) but need not be VALID; the strict test is
+/// ignored until F3 is fixed.
+#[test]
+fn rename_under_every_fault_reaches_a_verdict() {
+    let mut a = vec!["--workload", "rename", "--lenient-renames"];
+    a.extend_from_slice(EACH);
+    run_to_verdict(&a);
+}
+
+#[test]
+#[ignore = "open findings F1 and F3: renames answered ENOENT/EEXIST that took effect; half a rename visible"]
+fn rename_under_every_fault_strict() {
+    let mut a = vec!["--workload", "rename"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+#[test]
+fn checkpoint_under_every_fault() {
+    let mut a = vec![
+        "--workload",
+        "checkpoint",
+        "--concurrency",
+        "4",
+        "--checkpoint-kib",
+        "5132",
+    ];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+#[test]
+fn register_with_five_replicas_under_combined_faults() {
+    run(&[
+        "--workload",
+        "register",
+        "--lenient-renames",
+        "--replication",
+        "5",
+        "--schedule",
+        "random",
+        "--time",
+        "20",
+        "--hold",
+        "1.5,2.5",
+        "--quiet",
+        "1",
+        "--seed",
+        "5",
+    ]);
+}
