@@ -149,6 +149,14 @@ fn open_flags_offsets_and_truncate() {
     // fallocate mode 0 extends the size.
     let f = OpenOptions::new().write(true).open(&p).expect("open");
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 100).expect("fallocate");
+    // KEEP_SIZE reserves without growing; hole punching is not supported.
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::KEEP_SIZE, 0, 4096)
+        .expect("fallocate keep size");
+    let punch = rustix::fs::FallocateFlags::KEEP_SIZE | rustix::fs::FallocateFlags::PUNCH_HOLE;
+    assert_eq!(
+        rustix::fs::fallocate(&f, punch, 0, 10).map_err(|e| e.raw_os_error()),
+        Err(libc::EOPNOTSUPP)
+    );
     drop(f);
     assert_eq!(fs::metadata(&p).expect("stat").len(), 100);
 }

@@ -17,8 +17,16 @@
 //! the cluster and sees its linearizable state. Relaxed files keep the page cache across
 //! opens; the kernel drops it when it sees the size or mtime change (`FUSE_AUTO_INVAL_DATA`).
 //!
-//! Permissions are checked by the kernel from the mode bits (`default_permissions`); the
-//! mount passes the caller's uid and gid as the owner of what it creates.
+//! Permissions are checked by the kernel from the mode bits (`default_permissions`), with
+//! the caller's supplementary groups; the mount passes the caller's uid and gid as the owner
+//! of what it creates. (`access` is answered here only for a kernel that asks despite
+//! `default_permissions`.)
+//!
+//! Times: atime is set at creation and by explicit `utimens`, never by reads (the
+//! `noatime` policy): an epoch of reads over millions of training files must not become
+//! millions of replicated writes. `fallocate` supports mode 0 (grow to cover the range) and
+//! `FALLOC_FL_KEEP_SIZE` (nothing to reserve: space is taken when data is written); other
+//! modes answer EOPNOTSUPP.
 
 use super::convert::{errno, file_attr, file_type, mknod_kind, talon_time, Ttls};
 use super::data::{self, DataHandle};
@@ -1037,9 +1045,14 @@ impl Filesystem for TalonFs {
     ) {
         self.spawn(move |s| async move {
             let r = async {
-                if mode != 0 {
-                    // Hole punching, zeroing, collapsing: not supported.
-                    return Err(posix(Errno::ENOTSUP, "fallocate mode"));
+                match mode {
+                    0 => {}
+                    // Talon stores no blocks ahead of data, so reserving space without
+                    // growing the file has nothing to do.
+                    libc::FALLOC_FL_KEEP_SIZE => return Ok(()),
+                    // Hole punching, zeroing, collapsing, inserting: EOPNOTSUPP, as a file
+                    // system without them answers, so tools fall back to writing.
+                    _ => return Err(posix(Errno::ENOTSUP, "fallocate mode")),
                 }
                 let f = s
                     .files
