@@ -384,6 +384,18 @@ pub fn check_renames(events: &[Event]) -> Verdict {
         .iter()
         .filter(|c| matches!(c.invoke, Call::Move { .. }) && c.kind != EventType::Fail)
         .collect();
+    let mut windows: HashMap<(&str, &str), MoveWindows> = HashMap::new();
+    for m in &moves {
+        if let Call::Move { file, from, .. } = &m.invoke {
+            windows
+                .entry((file.as_str(), from.as_str()))
+                .or_default()
+                .add(m.invoke_ns, m.complete_ns);
+        }
+    }
+    for w in windows.values_mut() {
+        w.seal();
+    }
     let mut anomalies = Vec::new();
     let mut listings = 0usize;
     let mut final_seen = false;
@@ -427,15 +439,9 @@ pub fn check_renames(events: &[Event]) -> Verdict {
             // Directory a is listed before b. A move from a to b between the two makes
             // the file show twice; one from b to a makes it show nowhere. Nothing else may.
             let in_flight = |dir: &str| {
-                moves.iter().any(|m| {
-                    let Call::Move { file, from, .. } = &m.invoke else {
-                        return false;
-                    };
-                    file == f
-                        && from == dir
-                        && m.invoke_ns < end
-                        && m.complete_ns.is_none_or(|done| done > start)
-                })
+                windows
+                    .get(&(f.as_str(), dir))
+                    .is_some_and(|w| w.overlaps(start, end))
             };
             let allowed = match n {
                 1 => true,
@@ -473,4 +479,39 @@ pub fn check_renames(events: &[Event]) -> Verdict {
         ),
         anomalies,
     )
+}
+
+/// The time windows of the (not failed) renames of one file in one direction, for fast
+/// "was one in flight during [start, end]?" questions over long histories.
+#[derive(Default)]
+struct MoveWindows {
+    /// `(invoke, complete)`, sorted by invocation once sealed; `u64::MAX`: never completed.
+    spans: Vec<(u64, u64)>,
+    /// `reach[i]`: the latest completion among `spans[..=i]`.
+    reach: Vec<u64>,
+}
+
+impl MoveWindows {
+    fn add(&mut self, invoke: u64, complete: Option<u64>) {
+        self.spans.push((invoke, complete.unwrap_or(u64::MAX)));
+    }
+
+    fn seal(&mut self) {
+        self.spans.sort_unstable();
+        let mut max = 0;
+        self.reach = self
+            .spans
+            .iter()
+            .map(|&(_, done)| {
+                max = max.max(done);
+                max
+            })
+            .collect();
+    }
+
+    /// Whether one was invoked before `end` and completed after `start` (or never).
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        let n = self.spans.partition_point(|&(invoke, _)| invoke < end);
+        n > 0 && self.reach[n - 1] > start
+    }
 }
