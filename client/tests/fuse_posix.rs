@@ -587,3 +587,41 @@ fn truncating_an_open_file_changes_its_times_at_once() {
     drop(f);
     assert_eq!(fs::metadata(&p).expect("stat").len(), 3);
 }
+
+#[test]
+fn setgid_directories_pass_their_group_on() {
+    // A directory with the setgid bit gives its group to every new entry, and the bit to new
+    // subdirectories; elsewhere an entry takes its creator's group.
+    const GROUP: u32 = 4242;
+    let m = Mounted::start();
+    for (root, class) in [("data", "relaxed"), ("ckpt", "strict")] {
+        let d = m.path(&format!("{root}/shared"));
+        fs::create_dir_all(&d).expect("mkdir");
+        rustix::fs::chown(&d, None, Some(rustix::fs::Gid::from_raw(GROUP))).expect("chgrp");
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o2775)).expect("chmod g+s");
+        fs::write(d.join("f"), b"x").expect("create");
+        fs::create_dir(d.join("sub")).expect("mkdir sub");
+        std::os::unix::fs::symlink("f", d.join("l")).expect("symlink");
+        for name in ["f", "sub", "l"] {
+            let st = fs::symlink_metadata(d.join(name)).expect("stat");
+            assert_eq!(
+                st.gid(),
+                GROUP,
+                "{class}: {name} takes the directory's group"
+            );
+        }
+        let sub = fs::metadata(d.join("sub")).expect("stat sub");
+        assert_ne!(
+            sub.mode() & libc::S_ISGID,
+            0,
+            "{class}: a subdirectory stays setgid"
+        );
+        let plain = m.path(&format!("{root}/plain"));
+        fs::write(&plain, b"x").expect("create outside");
+        assert_eq!(
+            fs::metadata(&plain).expect("stat").gid(),
+            0,
+            "{class}: creator's group"
+        );
+    }
+}

@@ -81,7 +81,15 @@ pub(crate) struct Shared {
     /// Open file handles of each inode, to read a writer's size and to find them on unlink.
     open_inos: DashMap<Ino, Vec<u64>>,
     strict_prefixes: Vec<String>,
+    /// Mode bits and group of directories as last shown to the kernel, for the group a new
+    /// entry inherits from a setgid parent (see [`Shared::owner_in`]). The kernel looks a
+    /// parent up, and checks it, before it creates in it, so this is as fresh as what the
+    /// kernel used for its permission check.
+    dir_modes: DashMap<Ino, (u32, u32)>,
 }
+
+/// Directories remembered in `dir_modes` before it is emptied and refilled on demand.
+const DIR_MODES_MAX: usize = 100_000;
 
 /// The FUSE file system of one mount.
 pub struct TalonFs {
@@ -104,6 +112,7 @@ impl TalonFs {
                 dirs: HandleTable::new(),
                 open_inos: DashMap::new(),
                 strict_prefixes,
+                dir_modes: DashMap::new(),
             }),
         }
     }
@@ -209,12 +218,49 @@ impl Shared {
     }
 
     fn entry(&self, reply: ReplyEntry, a: &Attr) {
+        self.note_dir_mode(a);
         let ttl = self.ttls.of(a.class);
         reply.entry(&ttl, &file_attr(a), Generation(0));
     }
 
     fn attr(&self, reply: ReplyAttr, a: &Attr) {
+        self.note_dir_mode(a);
         reply.attr(&self.ttls.of(a.class), &file_attr(a));
+    }
+
+    /// Remembers a directory's mode bits and group as shown to the kernel.
+    fn note_dir_mode(&self, a: &Attr) {
+        if a.kind != FileKind::Directory {
+            return;
+        }
+        if self.dir_modes.len() >= DIR_MODES_MAX {
+            self.dir_modes.clear();
+        }
+        self.dir_modes.insert(a.ino, (a.perm, a.gid));
+    }
+
+    /// The owner of a new entry that `(uid, gid)` creates in `parent`, and whether `parent`
+    /// is a setgid directory. In a setgid directory a new entry takes the directory's group
+    /// (and a new subdirectory the setgid bit, which the caller adds), as on a local file
+    /// system; otherwise it takes the creator's.
+    async fn owner_in(&self, parent: Ino, (uid, gid): (u32, u32)) -> ((u32, u32), bool) {
+        let known = self.dir_modes.get(&parent).map(|e| *e);
+        let (perm, dir_gid) = match known {
+            Some(m) => m,
+            None => match self.client.getattr(parent).await {
+                Ok(a) => {
+                    self.note_dir_mode(&a);
+                    (a.perm, a.gid)
+                }
+                // The create itself will report what is wrong with the parent.
+                Err(_) => return ((uid, gid), false),
+            },
+        };
+        if perm & libc::S_ISGID != 0 {
+            ((uid, dir_gid), true)
+        } else {
+            ((uid, gid), false)
+        }
     }
 
     /// `a` with the size (and change times) an open writer of this mount has made, which
@@ -493,6 +539,7 @@ impl Filesystem for TalonFs {
             let Some(kind) = mknod_kind(mode) else {
                 return reply.error(fuser::Errno::from_i32(libc::EINVAL));
             };
+            let (owner, _) = s.owner_in(ino(parent), owner).await;
             let spec = CreateSpec {
                 owner: Some(owner),
                 ..CreateSpec::node(kind, mode & !umask & 0o7777, u64::from(rdev))
@@ -518,9 +565,11 @@ impl Filesystem for TalonFs {
         self.spawn(move |s| async move {
             let parent = ino(parent);
             let class = s.mkdir_class(parent, &name).await;
+            let (owner, setgid) = s.owner_in(parent, owner).await;
+            let inherited = if setgid { libc::S_ISGID } else { 0 };
             let spec = CreateSpec {
                 owner: Some(owner),
-                ..CreateSpec::dir(mode & !umask & 0o7777, class)
+                ..CreateSpec::dir((mode & !umask & 0o7777) | inherited, class)
             };
             match s.client.create(parent, &name, spec).await {
                 Ok(a) => s.entry(reply, &a),
@@ -562,6 +611,7 @@ impl Filesystem for TalonFs {
         let target = target.as_os_str().as_bytes().to_vec();
         let owner = (req.uid(), req.gid());
         self.spawn(move |s| async move {
+            let (owner, _) = s.owner_in(ino(parent), owner).await;
             let spec = CreateSpec {
                 owner: Some(owner),
                 ..CreateSpec::symlink(target)
@@ -1008,6 +1058,7 @@ impl Filesystem for TalonFs {
                 if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
                     return Err(posix(Errno::EINVAL, "create of a non-regular file"));
                 }
+                let (owner, _) = s.owner_in(ino(parent), owner).await;
                 let spec = CreateSpec {
                     owner: Some(owner),
                     exclusive: flags & libc::O_EXCL != 0,
