@@ -12,8 +12,11 @@
 //! KILL` when util-linux's `setpriv` is there, so that even a harness killed with SIGKILL
 //! (whose destructors never run) takes its nodes with it.
 
+use crate::disk::{DiskError, Disks};
+use crate::net::NetNs;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -52,6 +55,12 @@ pub enum ClusterError {
     /// No such node.
     #[error("no node {0}")]
     NoNode(u64),
+    /// A data directory's file system.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// A disk fault was asked for without mounted data directories.
+    #[error("disk faults need the data directories on their own file systems")]
+    NoDisks,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
@@ -99,6 +108,9 @@ pub struct Cluster {
     spec: ClusterSpec,
     nodes: Vec<Node>,
     starts: u64,
+    /// Dropped after the nodes are killed (see `Drop`), which unmounts them.
+    disks: Option<Disks>,
+    filled: BTreeSet<u64>,
 }
 
 /// The loopback address of node `id`.
@@ -151,6 +163,8 @@ impl Cluster {
             spec,
             nodes,
             starts: 0,
+            disks: None,
+            filled: BTreeSet::new(),
         })
     }
 
@@ -175,6 +189,24 @@ impl Cluster {
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.spec.dir.join("data").join(format!("node{id}"))
+    }
+
+    /// Puts every node's data directory on a tmpfs of `size_mib` MiB (before any start).
+    pub fn mount_disks(&mut self, ns: &NetNs, size_mib: u64) -> Result<(), ClusterError> {
+        let dirs: Vec<PathBuf> = self.ids().into_iter().map(|id| self.data_dir(id)).collect();
+        self.disks = Some(Disks::mount(ns, &dirs, size_mib)?);
+        Ok(())
+    }
+
+    /// Fills node `id`'s data file system; returns the bytes taken.
+    pub fn fill_disk(&mut self, id: u64) -> Result<u64, ClusterError> {
+        if self.disks.is_none() {
+            return Err(ClusterError::NoDisks);
+        }
+        self.node(id)?;
+        let n = Disks::fill(&self.data_dir(id))?;
+        self.filled.insert(id);
+        Ok(n)
     }
 
     /// How many times a node process was started.
@@ -287,8 +319,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// Continues every paused node and starts every dead one.
+    /// Frees every filled disk (restarting its node, as an operator would after freeing
+    /// space), continues every paused node and starts every dead one.
     pub fn heal(&mut self) -> Result<(), ClusterError> {
+        for id in std::mem::take(&mut self.filled) {
+            Disks::drain(&self.data_dir(id))?;
+            self.kill(id)?;
+        }
         for id in self.ids() {
             match self.state(id) {
                 NodeState::Paused => self.resume(id)?,

@@ -10,6 +10,7 @@
 
 pub mod checker;
 pub mod cluster;
+pub mod disk;
 pub mod history;
 pub mod nemesis;
 pub mod net;

@@ -1,9 +1,9 @@
 //! The nemesis: faults injected on a schedule drawn from the run's seed.
 //!
 //! Faults are SIGKILL (the node is restarted when the fault heals), SIGSTOP (continued with
-//! SIGCONT), and network partitions cut with the namespace's packet filter: one node
-//! isolated, a majority/minority split, and a bridge (two halves that only a middle node
-//! reaches). The `*-leader` kinds aim at the node leading one of the workload's partitions,
+//! SIGCONT), network partitions cut with the namespace's packet filter (one node isolated,
+//! a majority/minority split, and a bridge: two halves that only a middle node reaches),
+//! and a full data disk (freed, and the node restarted, when the fault heals). The `*-leader` kinds aim at the node leading one of the workload's partitions,
 //! as the nodes report it.
 //!
 //! A schedule alternates a quiet interval with one fault held for a while, then heals
@@ -43,11 +43,13 @@ pub enum NemesisKind {
     Split,
     /// Two halves that only one middle node reaches.
     Bridge,
+    /// Fill a random node's data file system; free it and restart the node on heal.
+    DiskFull,
 }
 
 impl NemesisKind {
     /// Every kind.
-    pub const ALL: [NemesisKind; 8] = [
+    pub const ALL: [NemesisKind; 9] = [
         NemesisKind::Kill,
         NemesisKind::KillLeader,
         NemesisKind::Pause,
@@ -56,6 +58,7 @@ impl NemesisKind {
         NemesisKind::IsolateLeader,
         NemesisKind::Split,
         NemesisKind::Bridge,
+        NemesisKind::DiskFull,
     ];
 
     /// Whether the kind cuts links (and so needs the firewall).
@@ -80,6 +83,7 @@ impl NemesisKind {
             NemesisKind::IsolateLeader => "isolate-leader",
             NemesisKind::Split => "split",
             NemesisKind::Bridge => "bridge",
+            NemesisKind::DiskFull => "disk-full",
         }
     }
 }
@@ -281,6 +285,10 @@ impl Nemesis {
                 let (minority, majority) = ids.split_at(ids.len() / 2);
                 self.cut(&across(minority, majority))?;
                 Ok(format!("split {minority:?} | {majority:?}"))
+            }
+            NemesisKind::DiskFull => {
+                let bytes = lock(&self.cluster).fill_disk(target).map_err(|e| err(&e))?;
+                Ok(format!("disk-full n{target} ({} MiB taken)", bytes >> 20))
             }
             NemesisKind::Bridge => {
                 ids.shuffle(&mut self.rng);

@@ -1,8 +1,8 @@
 //! The harness's private network namespace and the packet filter that cuts links in it.
 //!
 //! [`enter_private_netns`] moves the (still single-threaded) harness process into a new,
-//! anonymous network namespace with its own loopback device, which every node and tool it
-//! starts inherits. The kernel removes the namespace, with every filter rule in it, when
+//! anonymous network namespace with its own loopback device (and a private mount
+//! namespace), which every node and tool it starts inherits. The kernel removes the namespace, with every filter rule in it, when
 //! the last process inside exits: nothing of it can outlive a run, even one killed with
 //! SIGKILL, and the host's own network set-up is never touched.
 //!
@@ -25,8 +25,9 @@ const TABLE: &str = "talon_jepsen";
 /// Errors setting up the namespace or the filter.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    /// `unshare(CLONE_NEWNET)` failed (the harness needs CAP_SYS_ADMIN: run it as root).
-    #[error("create a network namespace: {0} (the harness must run as root)")]
+    /// `unshare(CLONE_NEWNET | CLONE_NEWNS)` or making the mounts private failed (the
+    /// harness needs CAP_SYS_ADMIN: run it as root).
+    #[error("create network and mount namespaces: {0} (the harness must run as root)")]
     Unshare(nix::Error),
     /// A namespace check failed.
     #[error("{0}")]
@@ -87,12 +88,24 @@ fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<(), NetError> {
     Ok(())
 }
 
-/// Moves this process into a new network namespace and brings its loopback device up.
-/// Must be called before any thread is started: a namespace is per thread, and only
-/// threads started afterwards inherit it.
+/// Moves this process into a new network namespace and brings its loopback device up, and
+/// into a new mount namespace whose mounts do not propagate to the host's (for the small
+/// data file systems of the disk fault, see `disk`). Must be called before any thread is
+/// started: a namespace is per thread, and only threads started afterwards inherit it.
 pub fn enter_private_netns() -> Result<NetNs, NetError> {
     let before = netns_id()?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(NetError::Unshare)?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET | nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(NetError::Unshare)?;
+    // A new mount namespace starts as a copy that may still share propagation with the
+    // host's: make every mount private before mounting anything.
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(NetError::Unshare)?;
     let after = netns_id()?;
     if after == before {
         return Err(NetError::NotPrivate(format!(

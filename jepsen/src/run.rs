@@ -68,6 +68,8 @@ pub struct RunConfig {
     pub recovery: Duration,
     /// See [`Ctx::lenient_renames`].
     pub lenient_renames: bool,
+    /// Size of each node's data file system when disk faults are on (MiB).
+    pub disk_mib: u64,
 }
 
 impl RunConfig {
@@ -98,6 +100,7 @@ impl RunConfig {
             op_timeout: Duration::from_secs(8),
             recovery: Duration::from_secs(90),
             lenient_renames: false,
+            disk_mib: 2048,
         }
     }
 }
@@ -210,6 +213,9 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         replication: cfg.replication,
         partitions: cfg.partitions,
     })?;
+    if cfg.nemeses.contains(&NemesisKind::DiskFull) {
+        cluster.mount_disks(ns, cfg.disk_mib)?;
+    }
     cluster.start_all()?;
     let addrs = cluster.addrs();
     let cluster = Arc::new(Mutex::new(cluster));

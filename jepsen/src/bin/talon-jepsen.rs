@@ -90,6 +90,9 @@ struct RunArgs {
     /// Keep the working directory (history, node logs and data) even when valid.
     #[arg(long)]
     keep: bool,
+    /// Size of each node's data file system (a tmpfs) when disk faults are on, MiB.
+    #[arg(long, default_value_t = 2048)]
+    disk_mib: u64,
     /// Count ENOENT and EEXIST answers to renames as unknown outcomes (works around finding
     /// F1 in jepsen/README.md: such answers can come for a rename that happened).
     #[arg(long)]
@@ -151,6 +154,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.dir = a.dir;
     c.keep = a.keep;
     c.lenient_renames = a.lenient_renames;
+    c.disk_mib = a.disk_mib;
     Ok(c)
 }
 
