@@ -67,18 +67,7 @@ impl Mounted {
         let client = rt
             .block_on(Client::connect(&cluster.addrs(), ClientOptions::default()))
             .expect("connect a client");
-        let dir = tempfile::tempdir().expect("create a temp dir");
-        // Other users must reach the mount point for the permission tests.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod the temp dir");
-        let root = dir.path().join("mnt");
-        std::fs::create_dir(&root).expect("create the mount point");
-        let opts = MountOptions {
-            allow_other: true,
-            ..MountOptions::new(&root)
-        };
-        let mount =
-            Mount::start(client.clone(), &opts, rt.handle().clone()).expect("mount the cluster");
+        let (dir, root, mount) = mount_in_temp_dir(client.clone(), &rt);
         Mounted {
             root,
             client,
@@ -124,23 +113,33 @@ impl Mounted {
             .rt
             .block_on(Client::connect(&cluster.addrs(), ClientOptions::default()))
             .expect("connect a second client");
-        let dir = tempfile::tempdir().expect("create a temp dir");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod the temp dir");
-        let root = dir.path().join("mnt");
-        std::fs::create_dir(&root).expect("create the mount point");
-        let opts = MountOptions {
-            allow_other: true,
-            ..MountOptions::new(&root)
-        };
-        let mount =
-            Mount::start(client, &opts, self.rt.handle().clone()).expect("mount the cluster again");
+        let (dir, root, mount) = mount_in_temp_dir(client, &self.rt);
         OtherMount {
             root,
             mount: Some(mount),
             _dir: dir,
         }
     }
+}
+
+/// Mounts `client`'s namespace at `mnt` in a new temp dir, with `allow_other` (so the
+/// permission tests can act as another user); returns the dir, the mount point, the mount.
+fn mount_in_temp_dir(
+    client: Client,
+    rt: &tokio::runtime::Runtime,
+) -> (tempfile::TempDir, PathBuf, Mount) {
+    let dir = tempfile::tempdir().expect("create a temp dir");
+    // Other users must reach the mount point for the permission tests.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod the temp dir");
+    let root = dir.path().join("mnt");
+    std::fs::create_dir(&root).expect("create the mount point");
+    let opts = MountOptions {
+        allow_other: true,
+        ..MountOptions::new(&root)
+    };
+    let mount = Mount::start(client, &opts, rt.handle().clone()).expect("mount the cluster");
+    (dir, root, mount)
 }
 
 /// A second mount of a fixture's cluster (see [`Mounted::mount_again`]). Drop it before
