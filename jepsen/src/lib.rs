@@ -12,6 +12,7 @@ pub mod checker;
 pub mod cluster;
 pub mod disk;
 pub mod history;
+pub mod mount;
 pub mod nemesis;
 pub mod net;
 pub mod run;

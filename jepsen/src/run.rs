@@ -70,6 +70,8 @@ pub struct RunConfig {
     pub lenient_renames: bool,
     /// Size of each node's data file system when disk faults are on (MiB).
     pub disk_mib: u64,
+    /// The `talon` binary, for `set-fuse`.
+    pub talon_bin: PathBuf,
 }
 
 impl RunConfig {
@@ -101,6 +103,7 @@ impl RunConfig {
             recovery: Duration::from_secs(90),
             lenient_renames: false,
             disk_mib: 2048,
+            talon_bin: PathBuf::from("talon"),
         }
     }
 }
@@ -128,6 +131,9 @@ pub enum RunError {
     /// No node answered.
     #[error("connect to the cluster: {0}")]
     Connect(String),
+    /// The FUSE mount did not come up.
+    #[error(transparent)]
+    Mount(#[from] crate::mount::MountError),
     /// A worker task panicked.
     #[error("a worker failed: {0}")]
     Worker(String),
@@ -239,11 +245,25 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         lenient_renames: cfg.lenient_renames,
     };
     let keep = |e: WorkloadError| RunError::Workload(e, dir.clone());
+    // Declared before the cluster's last user so that it unmounts before the nodes stop.
+    let mut mount: Option<crate::mount::FuseMount> = None;
     let load = match cfg.workload {
         WorkloadKind::Register => {
             Load::Register(Register::setup(&ctx, cfg.ops_per_key).await.map_err(keep)?)
         }
         WorkloadKind::Set => Load::Set(Set::setup(&ctx).await.map_err(keep)?),
+        WorkloadKind::SetFuse => {
+            let set = Set::setup(&ctx).await.map_err(keep)?;
+            let m = crate::mount::FuseMount::start(
+                &cfg.talon_bin,
+                &addrs,
+                &dir.join("mnt"),
+                &dir.join("logs").join("mount.log"),
+            )?;
+            let set = set.through_mount(m.path());
+            mount = Some(m);
+            Load::Set(set)
+        }
         WorkloadKind::Rename => {
             Load::Rename(Rename::setup(&ctx, cfg.rename_files).await.map_err(keep)?)
         }
@@ -304,6 +324,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         Load::Rename(l) => l.finish(&ctx, secs).await,
         _ => Ok(()),
     };
+    drop(mount);
     let restarts = {
         let mut c = match cluster.lock() {
             Ok(g) => g,

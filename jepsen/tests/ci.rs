@@ -2,8 +2,9 @@
 //! 5-node cluster of real `talon-meta` processes per test, faults in turn (`--schedule
 //! each`), then the checker. A test passes only on a VALID verdict.
 //!
-//! The tests run the `talon-jepsen` binary, which finds `talon-meta` next to itself in the
-//! target directory (a workspace build or test run builds both), or at `$TALON_META_BIN`.
+//! The tests run the `talon-jepsen` binary with `talon-meta` and `talon` (for the FUSE
+//! mount) from the same target directory (a workspace build or test run builds them all),
+//! or from `$TALON_META_BIN` and `$TALON_BIN`.
 //! The harness needs root (a network namespace of its own, nftables inside it).
 //!
 //! Open findings (jepsen/README.md): F1, the client can answer ENOENT or EEXIST for a
@@ -20,25 +21,27 @@ use std::time::{Duration, Instant};
 /// Longest a run may take, start-up, faults, recovery and checking included.
 const WALL: Duration = Duration::from_secs(300);
 
-fn meta_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("TALON_META_BIN") {
+/// The workspace binary `bin` of package `package`: `$var` if set, else next to the harness
+/// in the target directory, built if missing.
+fn binary(var: &str, package: &str, bin: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var) {
         return PathBuf::from(p);
     }
     let harness = PathBuf::from(env!("CARGO_BIN_EXE_talon-jepsen"));
     let p = harness
         .parent()
         .expect("the harness binary has a directory")
-        .join("talon-meta");
+        .join(bin);
     if !p.exists() {
         // `cargo nextest run --workspace` builds it; a lone `-p talon-jepsen` may not have.
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let st = Command::new(cargo)
-            .args(["build", "-p", "talon-meta", "--bin", "talon-meta"])
+            .args(["build", "-p", package, "--bin", bin])
             .status()
-            .expect("run cargo build -p talon-meta");
-        assert!(st.success(), "cargo build -p talon-meta failed");
+            .expect("run cargo build");
+        assert!(st.success(), "cargo build -p {package} --bin {bin} failed");
     }
-    assert!(p.exists(), "no talon-meta at {}", p.display());
+    assert!(p.exists(), "no {bin} at {}", p.display());
     p
 }
 
@@ -68,7 +71,9 @@ fn run_harness(args: &[&str]) -> (bool, String, String) {
         .arg("run")
         .args(args)
         .arg("--meta-bin")
-        .arg(meta_bin())
+        .arg(binary("TALON_META_BIN", "talon-meta", "talon-meta"))
+        .arg("--talon-bin")
+        .arg(binary("TALON_BIN", "talon-client", "talon"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -145,6 +150,14 @@ fn register_under_every_fault_strict() {
 #[test]
 fn set_under_every_fault() {
     let mut a = vec!["--workload", "set"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
+/// The set workload with every create made through a FUSE mount (`open(O_CREAT|O_EXCL)`).
+#[test]
+fn set_through_a_fuse_mount_under_every_fault() {
+    let mut a = vec!["--workload", "set-fuse"];
     a.extend_from_slice(EACH);
     run(&a);
 }

@@ -90,6 +90,9 @@ struct RunArgs {
     /// Keep the working directory (history, node logs and data) even when valid.
     #[arg(long)]
     keep: bool,
+    /// The `talon` binary, for `set-fuse` (default: $TALON_BIN, else next to this binary).
+    #[arg(long)]
+    talon_bin: Option<PathBuf>,
     /// Size of each node's data file system (a tmpfs) when disk faults are on, MiB.
     #[arg(long, default_value_t = 2048)]
     disk_mib: u64,
@@ -155,6 +158,17 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.keep = a.keep;
     c.lenient_renames = a.lenient_renames;
     c.disk_mib = a.disk_mib;
+    c.talon_bin = match a
+        .talon_bin
+        .or_else(|| std::env::var_os("TALON_BIN").map(PathBuf::from))
+    {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("find this binary")?
+            .parent()
+            .context("find this binary's directory")?
+            .join("talon"),
+    };
     Ok(c)
 }
 

@@ -27,6 +27,8 @@ pub enum WorkloadKind {
     Register,
     /// Unique creates in a relaxed directory; nothing acknowledged is lost.
     Set,
+    /// The set workload through a FUSE mount (`talon mount`).
+    SetFuse,
     /// Files renamed between strict directories on two partitions.
     Rename,
     /// Multi-MiB checkpoints written under a temporary name and renamed into place.
@@ -35,9 +37,10 @@ pub enum WorkloadKind {
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 4] = [
+    pub const ALL: [WorkloadKind; 5] = [
         WorkloadKind::Register,
         WorkloadKind::Set,
+        WorkloadKind::SetFuse,
         WorkloadKind::Rename,
         WorkloadKind::Checkpoint,
     ];
@@ -47,6 +50,7 @@ impl WorkloadKind {
         match self {
             WorkloadKind::Register => "register",
             WorkloadKind::Set => "set",
+            WorkloadKind::SetFuse => "set-fuse",
             WorkloadKind::Rename => "rename",
             WorkloadKind::Checkpoint => "checkpoint",
         }
@@ -58,7 +62,7 @@ impl WorkloadKind {
             WorkloadKind::Register | WorkloadKind::Checkpoint => {
                 crate::checker::check_registers(events)
             }
-            WorkloadKind::Set => crate::checker::check_set(events),
+            WorkloadKind::Set | WorkloadKind::SetFuse => crate::checker::check_set(events),
             WorkloadKind::Rename => crate::checker::check_renames(events),
         }
     }

@@ -1,11 +1,14 @@
 //! `set`: unique creates in a relaxed directory, whose entries spread over every partition.
 //!
-//! Each operation creates a new name (`e<n>`, exclusive create). After the faults are
-//! healed, one linearizable listing (every page from the partition leaders) must hold every
-//! acknowledged create and nothing never attempted (`checker::check_set`).
+//! Each operation creates a new name (`e<n>`, exclusive create), through the library or,
+//! for `set-fuse`, with `open(O_CREAT | O_EXCL)` on a FUSE mount of the cluster. After the
+//! faults are healed, one linearizable listing (every page from the partition leaders,
+//! through the library) must hold every acknowledged create and nothing never attempted
+//! (`checker::check_set`).
 
 use super::{classify, list, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::{Call, EventType};
+use std::path::{Path, PathBuf};
 use talon_client::{CreateSpec, Ino, MkdirOptions};
 
 /// The directory of the set (relaxed: not under a strict prefix).
@@ -14,6 +17,8 @@ pub const DIR: &str = "/data/set";
 /// The set workload's state.
 pub struct Set {
     dir: Ino,
+    /// The set directory seen through a FUSE mount, for `set-fuse`.
+    mounted: Option<PathBuf>,
 }
 
 impl Set {
@@ -29,7 +34,16 @@ impl Set {
             )
         })
         .await?;
-        Ok(Set { dir: attr.ino })
+        Ok(Set {
+            dir: attr.ino,
+            mounted: None,
+        })
+    }
+
+    /// Creates files through `mnt`, a FUSE mount of the cluster, instead of the library.
+    pub fn through_mount(mut self, mnt: &Path) -> Set {
+        self.mounted = Some(mnt.join(DIR.trim_start_matches('/')));
+        self
     }
 
     /// Entries live on every partition.
@@ -45,6 +59,28 @@ impl Set {
                 element: element.clone(),
             };
             let c = &ctx.client;
+            if let Some(dir) = &self.mounted {
+                let path = dir.join(&element);
+                w.op(call.clone(), async {
+                    let r = tokio::task::spawn_blocking(move || {
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .open(path)
+                    })
+                    .await;
+                    match r {
+                        Ok(Ok(_)) => Outcome::Ok(call.clone()),
+                        Ok(Err(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                            Outcome::Fail(e.to_string())
+                        }
+                        Ok(Err(e)) => Outcome::Info(e.to_string()),
+                        Err(e) => Outcome::Info(e.to_string()),
+                    }
+                })
+                .await;
+                continue;
+            }
             w.op(call.clone(), async {
                 match c
                     .create(self.dir, element.as_bytes(), CreateSpec::file(0o644))
