@@ -469,18 +469,28 @@ mod tests {
 
     #[test]
     fn own_changes_show_through_cached_entries() {
+        // Fills and reads take explicit times, so a slow run cannot outlive the TTL; the
+        // change records take the real clock, so the fills are placed around them.
         let c = PathCache::new(1, TTL, 100);
         let f = attr(12, FileKind::Regular, Class::Relaxed);
-        c.insert_dentry(Ino(1), Class::Relaxed, b"f", &f, 1);
-        c.insert_dentry(Ino(1), Class::Relaxed, b"g", &f, 1);
+        let t0 = Instant::now();
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"f", &f, 1, t0);
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"g", &f, 1, t0);
         let linked = Attr {
             nlink: 2,
             ..f.clone()
         };
         c.note_attr(&linked);
-        assert_eq!(c.dentry(Ino(1), b"g").map(|e| e.attr.nlink), Some(2));
-        // A fill after the change is newer than it.
-        c.insert_dentry(
+        let noted_by = Instant::now();
+        assert_eq!(c.dentry_at(Ino(1), b"g", t0).map(|e| e.attr.nlink), Some(2));
+        // A fill after the change is newer than it: stamp it strictly after the change.
+        let t1 = loop {
+            let t = Instant::now();
+            if t > noted_by {
+                break t;
+            }
+        };
+        c.insert_dentry_at(
             Ino(1),
             Class::Relaxed,
             b"g",
@@ -489,11 +499,13 @@ mod tests {
                 ..f.clone()
             },
             1,
+            t1,
         );
-        assert_eq!(c.dentry(Ino(1), b"g").map(|e| e.attr.nlink), Some(3));
+        assert_eq!(c.dentry_at(Ino(1), b"g", t1).map(|e| e.attr.nlink), Some(3));
+        // Recorded no earlier than t1, so after both fills.
         c.forget_attr(Ino(12));
-        assert!(c.dentry(Ino(1), b"f").is_none());
-        assert!(c.dentry(Ino(1), b"g").is_none());
+        assert!(c.dentry_at(Ino(1), b"f", t0).is_none());
+        assert!(c.dentry_at(Ino(1), b"g", t1).is_none());
     }
 
     #[test]
