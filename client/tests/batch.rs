@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{errno, Fixture};
+use common::{bulk_options, connect_with, errno, Fixture};
 use std::collections::BTreeSet;
 use std::time::Instant;
 use talon_client::{Class, CreateSpec, Errno, MkdirOptions};
@@ -13,7 +13,7 @@ use talon_model::placement::entry_partition;
 async fn two_hundred_thousand_creates_spread_over_every_partition() {
     const N: usize = 200_000;
     let fx = Fixture::start(1).await;
-    let c = &fx.client;
+    let c = &connect_with(&fx.cluster, bulk_options()).await;
     let dir = c
         .mkdir("/imagenet", MkdirOptions::default())
         .await

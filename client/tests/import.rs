@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Fixture;
+use common::{bulk_options, connect_with, Fixture};
 use futures::stream::{self, StreamExt};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -50,7 +50,7 @@ async fn hundred_thousand_small_files_import_and_read_back() {
     println!("local tree: {:.1} s", t.elapsed().as_secs_f64());
 
     let fx = Fixture::start(1).await;
-    let c = &fx.client;
+    let c = &connect_with(&fx.cluster, bulk_options()).await;
     let progress = ImportProgress::default();
     let summary = c
         .import(

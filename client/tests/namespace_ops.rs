@@ -319,7 +319,7 @@ async fn setattr_and_statfs() {
             .expect("create");
     }
     // statfs reads any replica, so it may lag by the staleness bound.
-    let grew = eventually(Duration::from_secs(5), || async {
+    let grew = eventually(Duration::from_secs(30), || async {
         let now = c.statfs().await.expect("statfs");
         now.inodes >= base.inodes + 20 && now.entries >= base.entries + 20
     })

@@ -71,7 +71,7 @@ async fn pages_through_relaxed_and_strict_directories() {
             .chain([b"sub".to_vec()])
             .collect();
         // Relaxed listings may lag by the staleness bound: wait for all names.
-        let complete = eventually(Duration::from_secs(5), || async {
+        let complete = eventually(Duration::from_secs(30), || async {
             let got: BTreeSet<_> = list_all(c, d.ino, 7, false)
                 .await
                 .into_iter()

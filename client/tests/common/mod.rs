@@ -83,6 +83,26 @@ pub async fn connect(cluster: &TestCluster) -> Client {
         .expect("connect a client")
 }
 
+/// A client on `cluster` with `opts`.
+pub async fn connect_with(cluster: &TestCluster, opts: ClientOptions) -> Client {
+    Client::connect(&cluster.addrs(), opts)
+        .await
+        .expect("connect a client")
+}
+
+/// Options for bulk tests (hundreds of thousands of operations against one node on a
+/// small, loaded machine): deadlines far beyond what any single RPC or operation takes
+/// when things work, so slowness is never mistaken for failure, and fewer batch RPCs in
+/// flight, so each one finishes sooner.
+pub fn bulk_options() -> ClientOptions {
+    ClientOptions {
+        op_timeout: Duration::from_secs(300),
+        request_timeout: Duration::from_secs(120),
+        batch_concurrency: 4,
+        ..ClientOptions::default()
+    }
+}
+
 /// The errno of a result that must be an error.
 #[track_caller]
 pub fn errno<T: std::fmt::Debug>(r: Result<T, TalonError>) -> Errno {
@@ -107,5 +127,37 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The node leading `partition` once one is known and its read barrier succeeds, polled
+/// for up to 60 s. Leadership can move at any instant (a spurious election on a loaded
+/// machine), so a single look may find no leader, or one just deposed.
+pub async fn settled_leader(cluster: &TestCluster, partition: u32) -> u64 {
+    let found = std::cell::Cell::new(None);
+    let settled = eventually(Duration::from_secs(60), || {
+        let found = &found;
+        async move {
+            let Some(id) = cluster.leader_of(partition).await else {
+                return false;
+            };
+            let Some(part) = cluster
+                .node(id)
+                .and_then(|n| n.node.partitions.get(&partition).cloned())
+            else {
+                return false;
+            };
+            let barrier = tokio::time::timeout(Duration::from_secs(10), part.linearizable());
+            if matches!(barrier.await, Ok(Ok(()))) {
+                found.set(Some(id));
+                return true;
+            }
+            false
+        }
+    })
+    .await;
+    match found.get() {
+        Some(id) if settled => id,
+        _ => panic!("no leader of partition {partition} passed a read barrier within 60 s"),
     }
 }
