@@ -9,9 +9,14 @@ mod fuse_support;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
 
 const TALON: &str = env!("CARGO_BIN_EXE_talon");
+/// How long `talon up` may take to start serving and mount, on a loaded machine.
+const START_LIMIT: Duration = Duration::from_secs(60);
+/// How long `talon up` may take to exit after SIGTERM.
+const STOP_LIMIT: Duration = Duration::from_secs(60);
 
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
@@ -55,19 +60,28 @@ fn up(mnt: &Path, data: &Path, addr: &str) -> Up {
         child: Some(child),
         mnt: mnt.to_path_buf(),
     };
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("mounted at") => break,
-            Some(Ok(_)) => {}
-            _ => {
-                let status = guard.child.as_mut().and_then(|c| c.wait().ok());
-                panic!("talon up ended before mounting: {status:?}");
+    // Read stderr on a thread, so a `talon up` that hangs before mounting fails the test
+    // at a deadline instead of blocking it; the thread keeps draining stderr afterwards so
+    // the process never blocks on a full pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("mounted at") {
+                let _ = tx.send(());
             }
         }
+    });
+    match rx.recv_timeout(START_LIMIT) {
+        Ok(()) => {}
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("talon up did not mount within {START_LIMIT:?}")
+        }
+        Err(RecvTimeoutError::Disconnected) => {
+            let status = guard.child.as_mut().and_then(|c| c.wait().ok());
+            panic!("talon up ended before mounting: {status:?}");
+        }
     }
-    // Keep draining stderr so the process never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
     guard
 }
 
@@ -80,7 +94,18 @@ fn stop(mut u: Up) {
         .status()
         .expect("run kill");
     assert!(st.success());
-    let status = child.wait().expect("wait for talon up");
+    let deadline = Instant::now() + STOP_LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for talon up") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("talon up did not exit within {STOP_LIMIT:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(status.success(), "talon up exit status {status:?}");
     assert!(
         !talon_client::fuse::is_mounted(&u.mnt),
@@ -124,11 +149,13 @@ fn talon_up_serves_mounts_and_stops_cleanly() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The guard keeps the child, so it is killed if it never exits.
     let mut u = u;
-    let mut child = u.child.take().expect("running");
-    assert!(fuse_support::eventually(Duration::from_secs(10), || {
-        matches!(child.try_wait(), Ok(Some(_)))
-    }));
+    let child = u.child.as_mut().expect("running");
+    assert!(
+        fuse_support::eventually(STOP_LIMIT, || matches!(child.try_wait(), Ok(Some(_)))),
+        "talon up did not exit within {STOP_LIMIT:?} of its mount ending"
+    );
 }
 
 #[test]
