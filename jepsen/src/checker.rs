@@ -58,6 +58,26 @@ impl Verdict {
     }
 }
 
+/// How far to trust answers that Talon's client may have guessed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Leniency {
+    /// After re-sending a write whose answer was lost, Talon's client guesses its outcome
+    /// from the namespace (finding F1): a rename's ENOENT or EEXIST and an unlink's success
+    /// can be wrong. When set, such answers count as unknown: the rename as possibly applied
+    /// at any time after its invocation, the unlink as "removed, whether or not the file
+    /// was there".
+    pub guessed: bool,
+}
+
+/// Whether `c` is a rename that failed with an answer the client may have guessed.
+fn guessed_rename_failure(c: &Completed) -> bool {
+    c.kind == EventType::Fail
+        && c.error.as_deref().is_some_and(|e| {
+            !e.starts_with("write the temporary file")
+                && (e.contains("ENOENT") || e.contains("EEXIST"))
+        })
+}
+
 /// A file used as a register: its contents (a number) or no file at all.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FileRegister(pub Option<u64>);
@@ -73,6 +93,8 @@ pub enum RegisterOp {
     Cas(u64),
     /// Remove the file.
     Delete,
+    /// Remove the file, not saying whether it was there (a lenient unlink).
+    Remove,
 }
 
 /// The result of a [`RegisterOp`].
@@ -86,6 +108,8 @@ pub enum RegisterRet {
     Created(bool),
     /// Whether a delete found the file.
     Deleted(bool),
+    /// A lenient unlink took effect.
+    Removed,
 }
 
 impl SequentialSpec for FileRegister {
@@ -108,6 +132,10 @@ impl SequentialSpec for FileRegister {
                 }
             }
             RegisterOp::Delete => RegisterRet::Deleted(self.0.take().is_some()),
+            RegisterOp::Remove => {
+                self.0 = None;
+                RegisterRet::Removed
+            }
         }
     }
 }
@@ -133,13 +161,24 @@ fn register_call(c: &Call) -> Option<(&str, RegisterOp, Option<RegisterRet>)> {
     })
 }
 
+/// How the checker treats one register operation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// As recorded.
+    AsIs,
+    /// As unknown: left in flight.
+    Unknown,
+    /// A delete as a blind remove.
+    Remove,
+}
+
 /// Checks that the register operations of `events`, per key, are linearizable.
-pub fn check_registers(events: &[Event]) -> Verdict {
+pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
     let ops = pair(events);
     let by_invoke: HashMap<u64, &Completed> = ops.iter().map(|c| (c.index, c)).collect();
     let mut testers: BTreeMap<String, LinearizabilityTester<u64, FileRegister>> = BTreeMap::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut open: HashMap<u64, String> = HashMap::new();
+    let mut open: HashMap<u64, (String, Mode)> = HashMap::new();
     let mut anomalies = Vec::new();
     let mut broken: BTreeSet<String> = BTreeSet::new();
     let (mut n_ok, mut n_info) = (0usize, 0usize);
@@ -160,15 +199,39 @@ pub fn check_registers(events: &[Event]) -> Verdict {
                 let Some(done) = by_invoke.get(&e.index) else {
                     continue;
                 };
-                if done.kind == EventType::Fail
+                let g = lenient.guessed;
+                let mode = match (&done.result, done.kind) {
+                    (_, EventType::Fail) if g && guessed_rename_failure(done) => Mode::Unknown,
+                    (
+                        Call::Cas {
+                            created: Some(false),
+                            ..
+                        },
+                        EventType::Ok,
+                    ) if g => Mode::Unknown,
+                    (
+                        Call::Delete {
+                            existed: Some(true),
+                            ..
+                        },
+                        EventType::Ok,
+                    ) if g => Mode::Remove,
+                    _ => Mode::AsIs,
+                };
+                if (done.kind == EventType::Fail && mode == Mode::AsIs)
                     || matches!(done.result, Call::Torn { .. })
                     || broken.contains(key)
                 {
                     continue;
                 }
+                let op = if mode == Mode::Remove {
+                    RegisterOp::Remove
+                } else {
+                    op
+                };
                 *counts.entry(key.to_string()).or_default() += 1;
-                match done.kind {
-                    EventType::Ok => n_ok += 1,
+                match (done.kind, mode) {
+                    (EventType::Ok, Mode::AsIs | Mode::Remove) => n_ok += 1,
                     _ => n_info += 1,
                 }
                 let t = testers
@@ -178,16 +241,21 @@ pub fn check_registers(events: &[Event]) -> Verdict {
                     anomalies.push(format!("{key}: malformed history: {err}"));
                     broken.insert(key.to_string());
                 }
-                open.insert(e.process, key.to_string());
+                open.insert(e.process, (key.to_string(), mode));
             }
             EventType::Ok => {
-                let Some(key) = open.remove(&e.process) else {
+                let Some((key, mode)) = open.remove(&e.process) else {
                     continue;
                 };
-                if broken.contains(&key) {
+                if broken.contains(&key) || mode == Mode::Unknown {
                     continue;
                 }
-                let Some((_, _, Some(ret))) = register_call(&e.call) else {
+                let ret = match (mode, register_call(&e.call)) {
+                    (Mode::Remove, _) => Some(RegisterRet::Removed),
+                    (_, Some((_, _, ret))) => ret,
+                    _ => None,
+                };
+                let Some(ret) = ret else {
                     anomalies.push(format!(
                         "{key}: event {} completes without a result",
                         e.index
@@ -371,7 +439,7 @@ fn sample(v: &[&String]) -> String {
 
 /// Checks the rename workload (see the module docs). The files are the acknowledged
 /// `Add`s the workload made before the faults began.
-pub fn check_renames(events: &[Event]) -> Verdict {
+pub fn check_renames(events: &[Event], lenient: Leniency) -> Verdict {
     let ops = pair(events);
     let files: BTreeSet<String> = ops
         .iter()
@@ -380,17 +448,21 @@ pub fn check_renames(events: &[Event]) -> Verdict {
             _ => None,
         })
         .collect();
+    let guessed = |c: &Completed| lenient.guessed && guessed_rename_failure(c);
     let moves: Vec<&Completed> = ops
         .iter()
-        .filter(|c| matches!(c.invoke, Call::Move { .. }) && c.kind != EventType::Fail)
+        .filter(|c| {
+            matches!(c.invoke, Call::Move { .. }) && (c.kind != EventType::Fail || guessed(c))
+        })
         .collect();
     let mut windows: HashMap<(&str, &str), MoveWindows> = HashMap::new();
     for m in &moves {
         if let Call::Move { file, from, .. } = &m.invoke {
+            let done = if guessed(m) { None } else { m.complete_ns };
             windows
                 .entry((file.as_str(), from.as_str()))
                 .or_default()
-                .add(m.invoke_ns, m.complete_ns);
+                .add(m.invoke_ns, done);
         }
     }
     for w in windows.values_mut() {

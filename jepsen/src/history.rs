@@ -271,6 +271,8 @@ pub struct Completed {
     pub complete_ns: Option<u64>,
     /// The index of the invocation event, for reports.
     pub index: u64,
+    /// The completion's error, for `fail` and `info`.
+    pub error: Option<String>,
 }
 
 /// Pairs every invocation with its completion, in invocation order. An invocation with no
@@ -293,12 +295,14 @@ pub fn pair(events: &[Event]) -> Vec<Completed> {
                     result: e.call.clone(),
                     complete_ns: None,
                     index: e.index,
+                    error: None,
                 });
             }
             kind => {
                 if let Some(i) = open.remove(&e.process) {
                     let c = &mut out[i];
                     c.kind = kind;
+                    c.error = e.error.clone();
                     if kind != EventType::Info {
                         c.result = e.call.clone();
                         c.complete_ns = Some(e.time_ns);

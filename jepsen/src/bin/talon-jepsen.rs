@@ -32,6 +32,9 @@ enum Cmd {
         /// The workload that produced it.
         #[arg(long, value_enum)]
         workload: WorkloadKind,
+        /// Check leniently (see `run --lenient`).
+        #[arg(long)]
+        lenient: bool,
         /// The history file.
         history: PathBuf,
     },
@@ -96,10 +99,10 @@ struct RunArgs {
     /// Size of each node's data file system (a tmpfs) when disk faults are on, MiB.
     #[arg(long, default_value_t = 2048)]
     disk_mib: u64,
-    /// Count ENOENT and EEXIST answers to renames as unknown outcomes (works around finding
-    /// F1 in jepsen/README.md: such answers can come for a rename that happened).
+    /// Check leniently: answers Talon's client may have guessed after a lost reply (a
+    /// rename's ENOENT or EEXIST, an unlink's success) count as unknown (finding F1).
     #[arg(long)]
-    lenient_renames: bool,
+    lenient: bool,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -156,7 +159,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.timing.quiet = Duration::from_secs_f64(a.quiet);
     c.dir = a.dir;
     c.keep = a.keep;
-    c.lenient_renames = a.lenient_renames;
+    c.lenient = a.lenient;
     c.disk_mib = a.disk_mib;
     c.talon_bin = match a
         .talon_bin
@@ -200,9 +203,13 @@ fn main() -> std::process::ExitCode {
 fn real_main() -> anyhow::Result<bool> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Check { workload, history } => {
+        Cmd::Check {
+            workload,
+            lenient,
+            history,
+        } => {
             let events = read_history(&history)?;
-            let v = workload.check(&events);
+            let v = workload.check(&events, lenient);
             println!("checked: {}", v.checked);
             for a in &v.anomalies {
                 println!("ANOMALY: {a}");

@@ -128,7 +128,7 @@ impl Checkpoint {
                     }
                     match c.rename(&tmp, &path).await {
                         Ok(()) => Outcome::Ok(call.clone()),
-                        Err(e) if !ctx.lenient_renames && classify(&e) == Some(Errno::ENOENT) => {
+                        Err(e) if classify(&e) == Some(Errno::ENOENT) => {
                             Outcome::Fail(e.to_string())
                         }
                         Err(e) => Outcome::Info(e.to_string()),

@@ -56,14 +56,15 @@ impl WorkloadKind {
         }
     }
 
-    /// Checks a history of this workload.
-    pub fn check(self, events: &[Event]) -> Verdict {
+    /// Checks a history of this workload; `lenient`: see [`crate::checker::Leniency`].
+    pub fn check(self, events: &[Event], lenient: bool) -> Verdict {
+        let l = crate::checker::Leniency { guessed: lenient };
         match self {
             WorkloadKind::Register | WorkloadKind::Checkpoint => {
-                crate::checker::check_registers(events)
+                crate::checker::check_registers(events, l)
             }
             WorkloadKind::Set | WorkloadKind::SetFuse => crate::checker::check_set(events),
-            WorkloadKind::Rename => crate::checker::check_renames(events),
+            WorkloadKind::Rename => crate::checker::check_renames(events, l),
         }
     }
 }
@@ -103,11 +104,6 @@ pub struct Ctx {
     pub op_timeout: Duration,
     /// Seed of the run; worker `w` draws from `seed + w`.
     pub seed: u64,
-    /// Record an ENOENT or EEXIST answer to a rename as an unknown outcome rather than a
-    /// definite failure. Talon's client can give either answer for a rename that took
-    /// effect, when it re-sent the rename after a lost answer (jepsen/README.md, finding
-    /// F1); this keeps that known bug from failing runs while the rest is still checked.
-    pub lenient_renames: bool,
 }
 
 impl Ctx {

@@ -117,18 +117,14 @@ impl Register {
                             created: Some(true),
                         }),
                         Ok(()) => Outcome::Ok(call.clone()),
-                        Err(e)
-                            if cas
-                                && !ctx.lenient_renames
-                                && classify(&e) == Some(Errno::EEXIST) =>
-                        {
+                        Err(e) if cas && classify(&e) == Some(Errno::EEXIST) => {
                             Outcome::Ok(Call::Cas {
                                 key: key.clone(),
                                 value,
                                 created: Some(false),
                             })
                         }
-                        Err(e) if !ctx.lenient_renames && classify(&e) == Some(Errno::ENOENT) => {
+                        Err(e) if classify(&e) == Some(Errno::ENOENT) => {
                             Outcome::Fail(e.to_string())
                         }
                         Err(e) => Outcome::Info(e.to_string()),

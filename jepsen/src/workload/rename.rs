@@ -128,9 +128,6 @@ impl Rename {
                     .await
                 {
                     Ok(()) => Outcome::Ok(call.clone()),
-                    Err(e) if ctx.lenient_renames && classify(&e).is_some() => {
-                        Outcome::Info(e.to_string())
-                    }
                     Err(e) if classify(&e).is_some() => Outcome::Fail(e.to_string()),
                     Err(e) => Outcome::Info(e.to_string()),
                 }
