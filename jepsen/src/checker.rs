@@ -178,7 +178,12 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
     let by_invoke: HashMap<u64, &Completed> = ops.iter().map(|c| (c.index, c)).collect();
     let mut testers: BTreeMap<String, LinearizabilityTester<u64, FileRegister>> = BTreeMap::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut open: HashMap<u64, (String, Mode)> = HashMap::new();
+    let mut open: HashMap<u64, (String, Mode, u64)> = HashMap::new();
+    // The tester's thread of each process. An operation the checker leaves in flight
+    // (`Mode::Unknown`) although its process went on gets its thread retired: the process
+    // continues on a fresh one, so no thread ever has two operations in flight.
+    let mut threads: HashMap<u64, u64> = HashMap::new();
+    let mut next_thread: u64 = 1 << 48;
     let mut anomalies = Vec::new();
     let mut broken: BTreeSet<String> = BTreeSet::new();
     let (mut n_ok, mut n_info) = (0usize, 0usize);
@@ -237,16 +242,21 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
                 let t = testers
                     .entry(key.to_string())
                     .or_insert_with(|| LinearizabilityTester::new(FileRegister::default()));
-                if let Err(err) = t.on_invoke(e.process, op) {
+                let thread = threads.get(&e.process).copied().unwrap_or(e.process);
+                if let Err(err) = t.on_invoke(thread, op) {
                     anomalies.push(format!("{key}: malformed history: {err}"));
                     broken.insert(key.to_string());
                 }
-                open.insert(e.process, (key.to_string(), mode));
+                open.insert(e.process, (key.to_string(), mode, thread));
             }
             EventType::Ok => {
-                let Some((key, mode)) = open.remove(&e.process) else {
+                let Some((key, mode, thread)) = open.remove(&e.process) else {
                     continue;
                 };
+                if mode == Mode::Unknown {
+                    threads.insert(e.process, next_thread);
+                    next_thread += 1;
+                }
                 if broken.contains(&key) || mode == Mode::Unknown {
                     continue;
                 }
@@ -264,14 +274,17 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
                     continue;
                 };
                 if let Some(t) = testers.get_mut(&key) {
-                    if let Err(err) = t.on_return(e.process, ret) {
+                    if let Err(err) = t.on_return(thread, ret) {
                         anomalies.push(format!("{key}: malformed history: {err}"));
                         broken.insert(key);
                     }
                 }
             }
             EventType::Fail | EventType::Info => {
-                open.remove(&e.process);
+                if let Some((_, Mode::Unknown, _)) = open.remove(&e.process) {
+                    threads.insert(e.process, next_thread);
+                    next_thread += 1;
+                }
             }
         }
     }

@@ -339,6 +339,17 @@ fn lenient_checks_count_guessed_answers_as_unknown() {
     h.op(0, del(None), del(Some(true))).op(1, r(None), r(None));
     assert!(!check_registers(&h.0, STRICT).valid);
     assert!(check_registers(&h.0, LENIENT).valid);
+    // The process that got a guessed answer goes on; its guessed operation stays in flight.
+    let c = |v, created| cas(v, created);
+    let mut h = H::default();
+    h.op(0, c(1, None), c(1, Some(false)))
+        .op(0, r(None), r(Some(1)))
+        .op(0, c(2, None), c(2, Some(false)))
+        .op(0, del(None), del(Some(true)))
+        .op(0, r(None), r(None));
+    let v = check_registers(&h.0, LENIENT);
+    assert!(v.valid, "{v:?}");
+    assert!(!check_registers(&h.0, STRICT).valid);
     // Leniency does not excuse a stale read.
     let mut h = H::default();
     h.op(0, w(1), w(1))
