@@ -168,7 +168,7 @@ fn set_through_a_fuse_mount_under_every_fault() {
 }
 
 /// The rename workload finds open finding F3 (half of a cross-partition rename is visible
-/// to strict listings) in nearly every run, faults or not, so here it must reach a verdict
+/// to strict listings) in most strict runs, faults or not, so here it must reach a verdict
 /// (exit status 0 or 1, a `verdict:` line) but need not be VALID; the strict test is
 /// ignored until F3 is fixed.
 #[test]
