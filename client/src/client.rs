@@ -42,6 +42,10 @@ pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
 /// Times an exchange is sent when leader changes keep its outcome unknown.
 const EXCHANGE_ATTEMPTS: usize = 3;
 
+/// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
+/// renames landing between resolving a path and using it) before the refusal is returned.
+pub(crate) const STALE_ATTEMPTS: usize = 16;
+
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
 pub struct Client {
@@ -235,19 +239,24 @@ impl Client {
         r
     }
 
-    /// Runs `f` with the client's epoch; after a `StaleEpoch` answer runs it once more with
-    /// the newer epoch (the cache has been dropped by then, so a path is resolved afresh).
+    /// Runs `f` with the client's epoch; after a `StaleEpoch` answer runs it again with the
+    /// newer epoch (the cache has been dropped by then, so a path is resolved afresh), up to
+    /// `STALE_ATTEMPTS` times in all. A refused attempt changed nothing, so running it again
+    /// is safe; only directory renames that keep landing in between can exhaust them.
     pub(crate) async fn retry_stale<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
     where
         F: Fn(u64) -> Fut,
         Fut: Future<Output = Result<T, TalonError>>,
     {
-        match f(self.epoch()).await {
-            Err(TalonError::StaleEpoch { epoch }) => {
-                self.cache().observe_epoch(epoch);
-                f(self.epoch()).await
+        let mut attempts = 1;
+        loop {
+            match f(self.epoch()).await {
+                Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
+                    self.cache().observe_epoch(epoch);
+                    attempts += 1;
+                }
+                r => return r,
             }
-            r => r,
         }
     }
 

@@ -16,7 +16,7 @@
 //! The final component of a strict path is always asked of the leader; the final
 //! component of a relaxed path may be answered from the cache within the TTL.
 
-use crate::client::{check_name, Client};
+use crate::client::{check_name, Client, STALE_ATTEMPTS};
 use crate::dir::{DirCursor, ReadDir};
 use crate::path::{self, Components};
 use crate::router::ReadKind;
@@ -64,25 +64,30 @@ fn not_dir(comps: &[Vec<u8>]) -> TalonError {
 
 impl Client {
     /// Runs path operation `f` with the current epoch; after `StaleEpoch` (cache dropped)
-    /// or `WrongPartition` (a directory's class changed: classes dropped) runs it once more.
+    /// runs it again with the newer epoch, up to `STALE_ATTEMPTS` times in all, and after
+    /// `WrongPartition` (a directory's class changed: classes dropped) once more.
     pub(crate) async fn path_op<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
     where
         F: Fn(u64) -> Fut,
         Fut: Future<Output = Result<T, TalonError>>,
     {
-        match f(self.epoch()).await {
-            Err(TalonError::StaleEpoch { epoch }) => {
-                self.cache().observe_epoch(epoch);
-                self.cache().clear();
-                f(self.epoch()).await
+        let mut class_retried = false;
+        let mut attempts = 1;
+        loop {
+            match f(self.epoch()).await {
+                Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
+                    self.cache().observe_epoch(epoch);
+                    self.cache().clear();
+                }
+                Err(TalonError::WrongPartition(m)) if !class_retried => {
+                    tracing::debug!("wrong partition ({m}); dropping cached classes");
+                    self.cache().clear();
+                    self.cache().clear_classes();
+                    class_retried = true;
+                }
+                r => return r,
             }
-            Err(TalonError::WrongPartition(m)) => {
-                tracing::debug!("wrong partition ({m}); dropping cached classes");
-                self.cache().clear();
-                self.cache().clear_classes();
-                f(self.epoch()).await
-            }
-            r => r,
+            attempts += 1;
         }
     }
 

@@ -167,3 +167,59 @@ async fn renames_across_partitions_are_atomic_and_never_exdev() {
     assert_eq!((tree.kind, tree.parent), (FileKind::Directory, dst.ino));
     fx.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_directory_renames_all_succeed() {
+    // Every directory rename moves the namespace epoch on, so a path one client resolved
+    // can be refused as stale while others rename: the client resolves it again rather
+    // than fail (mdtest's directory rename phase, several tasks at once).
+    const TASKS: usize = 4;
+    const RENAMES: usize = 25;
+    let fx = Fixture::start(1).await;
+    let clients: Vec<_> = {
+        let mut v = vec![fx.client.clone()];
+        for _ in 1..TASKS {
+            v.push(fx.other_client().await);
+        }
+        v
+    };
+    for t in 0..TASKS {
+        let dir = format!("/t{t}");
+        fx.client
+            .mkdir(&dir, MkdirOptions::default())
+            .await
+            .expect("mkdir task dir");
+        for i in 0..RENAMES {
+            fx.client
+                .mkdir(format!("{dir}/d{i}"), MkdirOptions::default())
+                .await
+                .expect("mkdir");
+        }
+    }
+    let tasks = clients.into_iter().enumerate().map(|(t, c)| async move {
+        for i in 0..RENAMES {
+            c.rename(format!("/t{t}/d{i}"), format!("/t{t}/r{i}"))
+                .await
+                .unwrap_or_else(|e| panic!("task {t}: rename d{i}: {e}"));
+        }
+    });
+    futures::future::join_all(tasks).await;
+    for t in 0..TASKS {
+        let mut pager = fx
+            .client
+            .read_dir(format!("/t{t}"))
+            .await
+            .expect("read_dir")
+            .linearizable(true);
+        let mut names = Vec::new();
+        while let Some(page) = pager.next_page().await.expect("a page") {
+            names.extend(
+                page.iter()
+                    .map(|e| String::from_utf8_lossy(&e.name).into_owned()),
+            );
+        }
+        assert_eq!(names.len(), RENAMES, "task {t}: {names:?}");
+        assert!(names.iter().all(|n| n.starts_with('r')), "{names:?}");
+    }
+    fx.shutdown().await;
+}
