@@ -935,7 +935,9 @@ impl Client {
         }
     }
 
-    /// Usage summed over every partition (each answered by any of its replicas).
+    /// Usage summed over every partition (each answered by any of its replicas). Space is
+    /// the nodes' data file systems summed and divided by the replication factor; nodes
+    /// that no partition's answer came from are counted like the average one that was.
     pub async fn statfs(&self) -> Result<StatFs, TalonError> {
         let mut calls: FuturesUnordered<_> = (0..self.router().partitions())
             .map(|p| {
@@ -962,12 +964,21 @@ impl Client {
                 (r.fs_total_bytes, r.fs_free_bytes, r.fs_avail_bytes),
             );
         }
-        let copies = u64::from(self.cluster_map().replication.max(1));
-        for (total, free, avail) in nodes.into_values() {
-            sum.space_total += total / copies;
-            sum.space_free += free / copies;
-            sum.space_avail += avail / copies;
+        // Each partition was answered by whichever replica the router chose, so some nodes
+        // may not have been heard from: count those like the average node that was.
+        let copies = u128::from(self.cluster_map().replication.max(1));
+        let answered = nodes.len().max(1) as u128;
+        let all = (self.router().map().nodes.len() as u128).max(answered);
+        let share = |v: u128| u64::try_from(v * all / answered / copies).unwrap_or(u64::MAX);
+        let (mut total, mut free, mut avail) = (0u128, 0u128, 0u128);
+        for (t, f, a) in nodes.into_values() {
+            total += u128::from(t);
+            free += u128::from(f);
+            avail += u128::from(a);
         }
+        sum.space_total = share(total);
+        sum.space_free = share(free);
+        sum.space_avail = share(avail);
         Ok(sum)
     }
 
