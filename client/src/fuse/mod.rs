@@ -9,8 +9,9 @@
 //! non-directory or already mounted path is a clear error, not a kernel errno), mounts with
 //! `default_permissions` (the kernel checks mode bits) and, by default when root mounts,
 //! `allow_other` (a mount made by root for a training job that runs as another user must
-//! be usable by it; the mode bits still decide what each user may do), and unmounts on shutdown, on drop of the [`Mount`] (also when a panic unwinds), or notices an
-//! external `fusermount3 -u`.
+//! be usable by it; the mode bits still decide what each user may do), and unmounts on
+//! shutdown, on drop of the [`Mount`] (also when a panic unwinds), or notices an external
+//! `fusermount3 -u`.
 
 pub mod convert;
 pub mod data;
