@@ -223,3 +223,83 @@ async fn concurrent_directory_renames_all_succeed() {
     }
     fx.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strict_listings_never_see_half_a_rename() {
+    // A file moves once from strict directory `a` to strict directory `b`, whose entries
+    // live on another partition, while another client lists `a` and then `b` over and
+    // over. A listing of `a` that no longer shows the file was made after the move
+    // committed, so the listing of `b` after it must show it: never in neither.
+    const ROUNDS: usize = 150;
+    let fx = Fixture::start(3).await;
+    let c = &fx.client;
+    let lister = fx.other_client().await;
+    let strict = MkdirOptions {
+        class: Some(Class::Strict),
+        ..MkdirOptions::default()
+    };
+    let parts = c.cluster_map().partitions;
+    let a = c.mkdir("/a", strict.clone()).await.expect("mkdir a");
+    let mut dst = None;
+    for i in 0..16 {
+        let d = c
+            .mkdir(format!("/b{i}"), strict.clone())
+            .await
+            .expect("mkdir b");
+        if entry_partition(d.ino, b"", Class::Strict, parts)
+            != entry_partition(a.ino, b"", Class::Strict, parts)
+        {
+            dst = Some(format!("/b{i}"));
+            break;
+        }
+    }
+    let dst = dst.expect("a directory whose entries live on another partition than a's");
+    let names = |dir: String| {
+        let lister = lister.clone();
+        async move {
+            let mut pager = lister
+                .read_dir(&dir)
+                .await
+                .expect("read_dir")
+                .linearizable(true);
+            let mut names = Vec::new();
+            while let Some(page) = pager.next_page().await.expect("a page") {
+                names.extend(page.into_iter().map(|e| e.name));
+            }
+            names
+        }
+    };
+    let mut pairs = 0;
+    for round in 0..ROUNDS {
+        let name = format!("f{round}");
+        c.create_file(format!("/a/{name}"), 0o644)
+            .await
+            .expect("create");
+        let moved = std::sync::atomic::AtomicBool::new(false);
+        let mover = async {
+            c.rename(format!("/a/{name}"), format!("{dst}/{name}"))
+                .await
+                .expect("move");
+            moved.store(true, std::sync::atomic::Ordering::SeqCst);
+        };
+        let checker = async {
+            loop {
+                let done = moved.load(std::sync::atomic::Ordering::SeqCst);
+                let in_a = names("/a".into())
+                    .await
+                    .contains(&name.clone().into_bytes());
+                let in_b = names(dst.clone())
+                    .await
+                    .contains(&name.clone().into_bytes());
+                assert!(in_a || in_b, "round {round}: {name} in neither listing");
+                pairs += 1;
+                if done {
+                    break;
+                }
+            }
+        };
+        futures::join!(mover, checker);
+    }
+    assert!(pairs >= ROUNDS);
+    fx.shutdown().await;
+}

@@ -933,6 +933,22 @@ impl Node {
     ) -> Result<(Vec<(Vec<u8>, Dentry, Option<Attr>)>, bool), TalonError> {
         let part = self.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
+        if !relaxed {
+            // A prepared transaction that changes entries of `dir` (a rename across
+            // partitions, say) locks them here until it finishes here. Its other half may
+            // already be finished and seen by another listing, so a strict listing waits
+            // for it (the client retries) rather than show this half unchanged.
+            let lock_prefix = crate::keys::lock(&crate::keys::dentry_prefix(dir));
+            let busy = part
+                .store
+                .read(|v| v.prefix_any(&lock_prefix))
+                .map_err(storage_error)?;
+            if busy {
+                return Err(TalonError::Retry(
+                    "entries of the directory are being changed by a transaction".into(),
+                ));
+            }
+        }
         let limit = limit.clamp(1, self.config.cluster.max_batch) as usize;
         let (entries, more) = part
             .store
