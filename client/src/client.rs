@@ -44,7 +44,15 @@ const EXCHANGE_ATTEMPTS: usize = 3;
 
 /// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
 /// renames landing between resolving a path and using it) before the refusal is returned.
-pub(crate) const STALE_ATTEMPTS: usize = 16;
+pub(crate) const STALE_ATTEMPTS: usize = 32;
+
+/// Pause before attempt `attempt` (2, 3, ...) of an operation refused with `StaleEpoch`:
+/// random within a window that doubles from 2 ms up to 128 ms, so clients whose directory
+/// renames keep moving the epoch under one another stop meeting in lockstep.
+pub(crate) async fn stale_backoff(attempt: usize) {
+    let window_ms = 1u64 << attempt.clamp(1, 7);
+    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=window_ms))).await;
+}
 
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
@@ -254,6 +262,7 @@ impl Client {
                 Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
                     self.cache().observe_epoch(epoch);
                     attempts += 1;
+                    stale_backoff(attempts).await;
                 }
                 r => return r,
             }

@@ -16,7 +16,7 @@
 //! The final component of a strict path is always asked of the leader; the final
 //! component of a relaxed path may be answered from the cache within the TTL.
 
-use crate::client::{check_name, Client, STALE_ATTEMPTS};
+use crate::client::{check_name, stale_backoff, Client, STALE_ATTEMPTS};
 use crate::dir::{DirCursor, ReadDir};
 use crate::path::{self, Components};
 use crate::router::ReadKind;
@@ -78,6 +78,7 @@ impl Client {
                 Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
                     self.cache().observe_epoch(epoch);
                     self.cache().clear();
+                    stale_backoff(attempts + 1).await;
                 }
                 Err(TalonError::WrongPartition(m)) if !class_retried => {
                     tracing::debug!("wrong partition ({m}); dropping cached classes");
