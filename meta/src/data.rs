@@ -38,13 +38,6 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// A file as `Open` answers it: attributes, layout (chunked files), body (small files).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct OpenFile {
@@ -212,7 +205,7 @@ impl Node {
             write_id,
             index,
             data,
-            at_ms: now_ms(),
+            at_ms: Time::now().as_millis(),
         }];
         match part.propose(Command::Atomic(ops)).await? {
             CommandResult::Applied(_) => Ok(()),
@@ -355,7 +348,7 @@ impl Node {
     #[allow(clippy::map_entry)]
     pub async fn collect_chunks(&self) {
         let grace = self.config.cluster.chunk_gc_grace_ms;
-        let now = now_ms();
+        let now = Time::now().as_millis();
         for (p, part) in &self.partitions {
             if part.leader() != Some(self.config.node_id) {
                 continue;
@@ -418,7 +411,7 @@ impl Node {
     pub async fn collect_unlinked(&self) {
         let grace = self.config.cluster.unlinked_grace_ms;
         let short = self.data_fs_space().is_ok_and(|s| s.avail < s.total / 10);
-        let now = now_ms();
+        let now = Time::now().as_millis();
         for (p, part) in &self.partitions {
             if part.leader() != Some(self.config.node_id) {
                 continue;

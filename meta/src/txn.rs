@@ -25,15 +25,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use talon_model::TalonError;
+use talon_model::{TalonError, Time};
 use tokio_util::sync::CancellationToken;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Ranks refusals so the user sees the most meaningful one (a POSIX error over a lock).
 fn rank(e: &TalonError) -> u8 {
@@ -75,7 +68,7 @@ impl Node {
             coordinator,
             id: rand::random(),
         };
-        let at_ms = now_ms();
+        let at_ms = Time::now().as_millis();
         let prepares = parts.iter().map(|(p, ops)| {
             let cmd = Command::Prepare {
                 txid,
@@ -179,7 +172,7 @@ impl Node {
     /// recovery threshold.
     async fn recover_stale(&self) {
         let threshold = self.config.raft.txn_recovery_after_ms;
-        let now = now_ms();
+        let now = Time::now().as_millis();
         for (p, part) in &self.partitions {
             if part.leader() != Some(self.config.node_id) {
                 continue;
