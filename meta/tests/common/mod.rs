@@ -36,8 +36,19 @@ pub async fn cluster(nodes: u64, partitions: u32) -> (TestCluster, Client) {
     (cluster, c)
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+/// A loopback address of this cluster's own, `127.a.b.1` with `a.b` drawn at random.
+/// Outgoing connections on this machine take their ephemeral ports on 127.0.0.1, so a
+/// port held on another loopback address cannot be taken by one of them while a node is
+/// down for a restart (a port picked on 127.0.0.1 could, and the node would then fail to
+/// bind when it comes back).
+fn cluster_ip() -> std::net::Ipv4Addr {
+    let [a, b]: [u8; 2] = rand::random();
+    std::net::Ipv4Addr::new(127, a.max(1), b, 1)
+}
+
+/// A port free on `ip`, picked by the OS.
+fn free_port(ip: std::net::Ipv4Addr) -> u16 {
+    let l = std::net::TcpListener::bind((ip, 0)).expect("bind port 0");
     l.local_addr().expect("local addr").port()
 }
 
@@ -67,10 +78,11 @@ impl ProcCluster {
             .prefix("talon-proc-")
             .tempdir()
             .expect("temp dir");
+        let ip = cluster_ip();
         let nodes: Vec<NodeEntry> = (1..=n)
             .map(|id| NodeEntry {
                 id,
-                addr: format!("127.0.0.1:{}", free_port()),
+                addr: format!("{ip}:{}", free_port(ip)),
             })
             .collect();
         let mut configs = Vec::new();
