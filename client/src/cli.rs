@@ -686,7 +686,11 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
         "{:>4}  {:<21} {:>4}  {:<9} {:>6} {:>6} {:>10} {:>10} {:>10}",
         "NODE", "ADDR", "PART", "ROLE", "LEADER", "TERM", "APPLIED", "ENTRIES", "INODES"
     )?;
+    let mut spaces = Vec::new();
     for n in client.status().await {
+        if let Some(s) = &n.space {
+            spaces.push((n.node_id, s.clone()));
+        }
         match n.partitions {
             Ok(parts) => {
                 for p in parts {
@@ -716,6 +720,23 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
                 ok = false;
             }
         }
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:>4}  {:<9} {:>6} {:>12} {:>12}",
+        "NODE", "SPACE", "USED", "SIZE", "WRITABLE"
+    )?;
+    for (id, s) in spaces {
+        writeln!(
+            out,
+            "{:>4}  {:<9} {:>5.1}% {:>12} {:>12}",
+            id,
+            s.level,
+            s.used * 100.0,
+            s.total,
+            s.usable
+        )?;
     }
     Ok(ok)
 }

@@ -25,7 +25,9 @@ use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
 use crate::router::{track_doubt, ReadKind, Router};
-use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags};
+use crate::types::{
+    CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
+};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1004,10 +1006,17 @@ impl Client {
                     |mut c| async move { c.status(pb::StatusRequest {}).await },
                 )
                 .await;
+            let space = r.as_ref().ok().map(|s| NodeSpace {
+                level: s.space_level.clone(),
+                used: s.space_used,
+                total: s.space_total_bytes,
+                usable: s.space_usable_bytes,
+            });
             NodeStatus {
                 node_id: n.id,
                 addr: n.addr,
                 partitions: r.map(|s| s.partitions.into_iter().map(Into::into).collect()),
+                space,
             }
         });
         futures::future::join_all(calls).await

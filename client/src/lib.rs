@@ -47,6 +47,6 @@ pub use options::ClientOptions;
 pub use router::ReadKind;
 pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
 pub use types::{
-    CreateSpec, DirEntry, MkdirOptions, NodeStatus, PartitionStatus, RenameFlags, SetAttr, StatFs,
-    TimeSet, XattrFlags,
+    CreateSpec, DirEntry, MkdirOptions, NodeSpace, NodeStatus, PartitionStatus, RenameFlags,
+    SetAttr, StatFs, TimeSet, XattrFlags,
 };

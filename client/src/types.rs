@@ -246,6 +246,21 @@ pub struct NodeStatus {
     pub addr: String,
     /// The partitions it hosts, or the error asking it.
     pub partitions: Result<Vec<PartitionStatus>, TalonError>,
+    /// Its data file system, if it answered.
+    pub space: Option<NodeSpace>,
+}
+
+/// How full a node's data file system is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeSpace {
+    /// "ok", "nearfull", "full" or "critical".
+    pub level: String,
+    /// Fraction in use.
+    pub used: f64,
+    /// Size in bytes.
+    pub total: u64,
+    /// Bytes that may still be written before it counts as full.
+    pub usable: u64,
 }
 
 impl From<pb::PartitionStatus> for PartitionStatus {

@@ -21,6 +21,28 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// Raft timing and log retention.
     pub raft: RaftConfig,
+    /// Thresholds of the data file system's fullness (this node's own disk).
+    pub space: SpaceConfig,
+    /// Memory of this node's stores.
+    pub storage: StorageConfig,
+}
+
+/// Memory of a node's RocksDB stores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// Memtable budget of the whole node (the Raft log and every partition): unflushed
+    /// writes beyond it are flushed. Capped at half the space reserve, so that what a
+    /// restart must flush fits in the room the reserve gives back.
+    pub write_buffer_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            write_buffer_bytes: 128 << 20,
+        }
+    }
 }
 
 /// The cluster: nodes, partitioning, replication and policy. Identical on every node.
@@ -50,8 +72,8 @@ pub struct ClusterConfig {
     pub chunk_gc_grace_ms: u64,
     /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
     /// for this long (ms), so a reader that looked the name up just before still opens and
-    /// reads the old contents; then, or at once when the node's data file system is short
-    /// of space, it is reclaimed.
+    /// reads the old contents; then, or at once when the node's data file system is past
+    /// `space.nearfull_ratio`, it is reclaimed.
     pub unlinked_grace_ms: u64,
 }
 
@@ -83,6 +105,24 @@ pub struct RaftConfig {
     pub txn_recovery_after_ms: u64,
 }
 
+/// When this node's data file system counts as nearly full or full, and the space it
+/// holds back so that it can always restart. See `crate::space`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpaceConfig {
+    /// Past this fraction of the file system used, the node frees what it can at once:
+    /// unlinked files, deleted bodies (compaction), Raft log behind a snapshot.
+    pub nearfull_ratio: f64,
+    /// Past this fraction used, new entries and data are refused with ENOSPC (reads,
+    /// listings, unlinks, rmdirs, renames and truncates go on), and the node hands the
+    /// leadership of its partitions to replicas with room.
+    pub full_ratio: f64,
+    /// Bytes held back in a reserve file, released at start-up and when the disk fills, so
+    /// that the node can always open its stores, apply what is committed and delete. At
+    /// most a sixteenth of the file system is held.
+    pub reserve_bytes: u64,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -91,6 +131,18 @@ impl Default for Config {
             data_dir: PathBuf::from("talon-data/node1"),
             cluster: ClusterConfig::default(),
             raft: RaftConfig::default(),
+            space: SpaceConfig::default(),
+            storage: StorageConfig::default(),
+        }
+    }
+}
+
+impl Default for SpaceConfig {
+    fn default() -> Self {
+        SpaceConfig {
+            nearfull_ratio: 0.85,
+            full_ratio: 0.95,
+            reserve_bytes: 256 << 20,
         }
     }
 }
@@ -237,6 +289,22 @@ impl Config {
         }
         if r.snapshot_after_entries == 0 {
             return Err(invalid("raft.snapshot_after_entries", "must be positive"));
+        }
+        if self.storage.write_buffer_bytes < 2 << 20 {
+            return Err(invalid(
+                "storage.write_buffer_bytes",
+                "must be at least 2 MiB",
+            ));
+        }
+        let s = &self.space;
+        if !(s.full_ratio > 0.0 && s.full_ratio <= 1.0) {
+            return Err(invalid("space.full_ratio", "must be in (0, 1]"));
+        }
+        if !(s.nearfull_ratio > 0.0 && s.nearfull_ratio <= s.full_ratio) {
+            return Err(invalid(
+                "space.nearfull_ratio",
+                "must be in (0, space.full_ratio]",
+            ));
         }
         Ok(())
     }

@@ -327,22 +327,6 @@ impl Node {
         Ok((bytes, part.store.disk_bytes()))
     }
 
-    /// Size and free space of the file system holding this node's data directory.
-    pub fn data_fs_space(&self) -> Result<FsSpace, TalonError> {
-        let st = rustix::fs::statvfs(&self.config.data_dir).map_err(|e| {
-            TalonError::Unavailable(format!(
-                "statvfs of the data directory {}: {e}",
-                self.config.data_dir.display()
-            ))
-        })?;
-        let unit = st.f_frsize.max(1);
-        Ok(FsSpace {
-            total: st.f_blocks.saturating_mul(unit),
-            free: st.f_bfree.saturating_mul(unit),
-            avail: st.f_bavail.saturating_mul(unit),
-        })
-    }
-
     /// One garbage-collection round over the chunks of partitions this node leads.
     // The entry API cannot hold the map across the await that fetches a missing state.
     #[allow(clippy::map_entry)]
@@ -407,10 +391,10 @@ impl Node {
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
     /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
-    /// system has less than a tenth of its space free.
+    /// system is nearly full.
     pub async fn collect_unlinked(&self) {
         let grace = self.config.cluster.unlinked_grace_ms;
-        let short = self.data_fs_space().is_ok_and(|s| s.avail < s.total / 10);
+        let short = self.space.level() >= crate::space::Level::NearFull;
         let now = Time::now().as_millis();
         for (p, part) in &self.partitions {
             if part.leader() != Some(self.config.node_id) {
@@ -442,10 +426,13 @@ impl Node {
         }
     }
 
-    /// Compacts partitions (on this replica) that deleted many bodies or chunks.
+    /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
+    /// all while the data file system is nearly full.
     pub async fn compact_if_needed(&self) {
+        let short = self.space.level() >= crate::space::Level::NearFull;
         for part in self.partitions.values() {
-            if part.store.deletes_since_compaction() < COMPACT_AFTER_DELETES {
+            let deletes = part.store.deletes_since_compaction();
+            if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
                 continue;
             }
             let store = part.store.clone();
@@ -507,15 +494,4 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
             }
         }
     }
-}
-
-/// Space of the file system under a node's data directory, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FsSpace {
-    /// Its size.
-    pub total: u64,
-    /// Free bytes.
-    pub free: u64,
-    /// Bytes free to unprivileged users.
-    pub avail: u64,
 }

@@ -9,6 +9,8 @@
 //! - `keys`: the key schema of a partition's state.
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
+//! - `space`: fullness of the node's data file system, thresholds and the start-up reserve.
+//! - `tuning`: RocksDB memtable sizes shared by a node's stores.
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
 //! - `network`: node-to-node channels and openraft's network for every group.
 //! - `partition`: one hosted replica with its proposal merging and read barrier.
@@ -30,6 +32,8 @@ pub mod partition;
 pub mod raft_log;
 pub mod service;
 pub mod sm;
+pub mod space;
 pub mod testing;
+pub mod tuning;
 pub mod txn;
 pub mod types;

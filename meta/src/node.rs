@@ -13,6 +13,7 @@ use crate::network::{NetFactory, PeerRpc, Peers};
 use crate::partition::Partition;
 use crate::raft_log::LogDb;
 use crate::sm::{PartitionSm, SmStore};
+use crate::space::{Level, Space};
 use crate::types::{Command, CommandResult, NodeId, Op, Raft};
 use openraft::BasicNode;
 use std::collections::{BTreeMap, HashMap};
@@ -64,10 +65,14 @@ pub struct Node {
     pub peers: Arc<Peers>,
     /// Partition replicas hosted here.
     pub partitions: HashMap<u32, Arc<Partition>>,
+    /// Fullness of the data file system, and the reserve.
+    pub space: Arc<Space>,
     log: Arc<LogDb>,
     cancel: CancellationToken,
     tasks: TaskTracker,
     leader_hints: Mutex<HashMap<u32, NodeId>>,
+    /// Partitions whose Raft group stopped on a storage error, once logged.
+    failed: Mutex<std::collections::BTreeSet<u32>>,
     dir_touches: Mutex<BTreeMap<Ino, (i32, Time)>>,
 }
 
@@ -122,7 +127,22 @@ impl Node {
         let me = config.node_id;
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| StartError::Storage(format!("create data dir: {e}")))?;
-        let log = LogDb::open(&config.data_dir.join("raft-log"))
+        // Releases the reserve first: on a full disk, that is the room the stores open in.
+        let space = Arc::new(
+            Space::open(&config.data_dir, config.space.clone())
+                .map_err(|e| StartError::Storage(format!("data dir space: {e}")))?,
+        );
+        let reserve = crate::space::reserve_size(&config.space, space.reading().fs.total);
+        let tuning = crate::tuning::Tuning::with_budget(crate::tuning::Tuning::budget_for(
+            config.storage.write_buffer_bytes,
+            reserve,
+        ));
+        let cancel = CancellationToken::new();
+        let gate = crate::raft_log::LogGate {
+            space: space.clone(),
+            cancel: cancel.clone(),
+        };
+        let log = LogDb::open_gated(&config.data_dir.join("raft-log"), Some(gate), &tuning)
             .map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
         let peers = Peers::new(
             config
@@ -133,7 +153,6 @@ impl Node {
                 .collect(),
         );
         let rc = raft_config(&config).map_err(|e| StartError::Raft(0, e))?;
-        let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let cluster_map = serde_json::to_vec(&config.cluster)
             .map_err(|e| StartError::Storage(format!("encode cluster map: {e}")))?;
@@ -142,10 +161,11 @@ impl Node {
             if !config.replicas(p).contains(&me) {
                 continue;
             }
-            let store = SmStore::open(
+            let store = SmStore::open_tuned(
                 &config.data_dir.join("sm").join(p.to_string()),
                 p,
                 &cluster_map,
+                tuning.clone(),
             )
             .map_err(|e| StartError::Storage(format!("partition {p}: {e}")))?;
             if p == 0 {
@@ -178,10 +198,12 @@ impl Node {
             config,
             peers,
             partitions,
+            space,
             log,
             cancel,
             tasks,
             leader_hints: Mutex::new(HashMap::new()),
+            failed: Mutex::new(Default::default()),
             dir_touches: Mutex::new(BTreeMap::new()),
         });
         node.initialize_groups().await?;
@@ -195,6 +217,8 @@ impl Node {
             node.clone(),
             node.cancel.child_token(),
         ));
+        node.tasks
+            .spawn(space_loop(node.clone(), node.cancel.child_token()));
         Ok(node)
     }
 
@@ -384,6 +408,110 @@ impl Node {
         }
     }
 
+    /// Whether partition `p`'s leader, this node, may take new entries or `incoming` bytes
+    /// of data. While its
+    /// disk is full: ENOSPC, or at first, where another replica can take over the
+    /// leadership (`space_round` hands it on), `Retry`, so the client asks again and finds
+    /// the new leader.
+    pub fn room_for(&self, p: u32, incoming: usize) -> Result<(), TalonError> {
+        // A replica that does not lead the partition sends the client on (NotLeader); the
+        // leader's disk is the one that takes the write first.
+        let me = self.config.node_id;
+        if self.partitions.get(&p).and_then(|part| part.leader()) != Some(me) {
+            return Ok(());
+        }
+        let Err(e) = self.space.check_room(me, p, incoming as u64) else {
+            return Ok(());
+        };
+        if self.config.replicas(p).len() > 1
+            && self
+                .space
+                .full_since()
+                .is_some_and(|t| t.elapsed() < self.handoff_window())
+        {
+            return Err(TalonError::Retry(format!(
+                "{e}; handing partition {p} to a replica with room"
+            )));
+        }
+        Err(e)
+    }
+
+    /// How long a full node waits for another replica to take its leaderships before it
+    /// answers ENOSPC itself: the followers' lease (an election timeout) and an election
+    /// or two.
+    fn handoff_window(&self) -> Duration {
+        Duration::from_millis(self.config.raft.election_timeout_max_ms * 6)
+    }
+
+    /// One look at the data file system, and what the node does about it: say so when the
+    /// level changes (past nearfull, `data::gc_loop` reclaims unlinked files and deleted
+    /// bodies at once); while full, release the reserve and hand the leadership of every
+    /// replicated partition to a replica with room (`Partition::hand_over`), for a window
+    /// of a few election timeouts; below nearfull, hold the reserve again.
+    pub async fn space_round(&self) {
+        let me = self.config.node_id;
+        let r = match self.space.refresh() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(node = me, "statvfs of the data directory: {e}");
+                return;
+            }
+        };
+        let cfg = self.space.config();
+        let before = self.space.announce(r.level);
+        if r.level != before {
+            let used = format!("{:.1}%", r.used * 100.0);
+            if r.level > before {
+                tracing::warn!(
+                    node = me,
+                    level = r.level.name(),
+                    used,
+                    nearfull_ratio = cfg.nearfull_ratio,
+                    full_ratio = cfg.full_ratio,
+                    "data file system filling up"
+                );
+            } else {
+                tracing::info!(
+                    node = me,
+                    level = r.level.name(),
+                    used,
+                    "data file system has room again"
+                );
+            }
+        }
+        if self.space.full_since().is_some() {
+            if let Err(e) = self.space.release_reserve() {
+                tracing::error!(node = me, "release the space reserve: {e}");
+            }
+        } else if r.level == Level::Ok {
+            if let Err(e) = self.space.hold_reserve() {
+                tracing::warn!(node = me, "hold the space reserve: {e}");
+            }
+        }
+        for (p, part) in &self.partitions {
+            if let Some(why) = part.failure() {
+                let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+                if failed.insert(*p) {
+                    tracing::error!(
+                        node = me,
+                        partition = p,
+                        "partition stopped on a storage error, the node serves its others; \
+                         restart the node once the cause is gone: {why}"
+                    );
+                }
+                continue;
+            }
+            // Until the window ends: if no replica with room has taken over by then (all
+            // are full), this one leads again, answering ENOSPC.
+            let hand_over = self.config.replicas(*p).len() > 1
+                && self
+                    .space
+                    .full_since()
+                    .is_some_and(|t| t.elapsed() < self.handoff_window());
+            part.hand_over(hand_over);
+        }
+    }
+
     /// Updates directory `dir`'s link count and mtime after a change to its entries made
     /// on another partition than its home, before the change is answered, in both classes:
     /// the client that made the change then sees the directory's new attributes at once
@@ -504,6 +632,21 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
         .is_err()
     {
         tracing::warn!("directory attribute updates dropped at shutdown: no quorum in time");
+    }
+}
+
+/// Watches the data file system every half second; stops on `cancel`.
+async fn space_loop(node: Arc<Node>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {
+                if cancel.run_until_cancelled(node.space_round()).await.is_none() {
+                    break;
+                }
+            }
+        }
     }
 }
 

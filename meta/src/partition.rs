@@ -43,6 +43,10 @@ pub struct Partition {
     proposals: mpsc::Sender<(Command, Reply)>,
     reads: mpsc::Sender<oneshot::Sender<Result<(), TalonError>>>,
     leader_contact: Mutex<Option<(Instant, u64)>>,
+    /// Set while this node's disk is full and another replica should take the leadership:
+    /// proposals and linearizable reads are then refused as from a follower, so that
+    /// nothing this leader does renews the other replicas' leader lease.
+    handing_over: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Partition {
@@ -72,6 +76,7 @@ impl Partition {
             proposals: ptx,
             reads: rtx,
             leader_contact: Mutex::new(None),
+            handing_over: std::sync::atomic::AtomicBool::new(false),
         });
         tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
         tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
@@ -81,6 +86,7 @@ impl Partition {
     /// Proposes `cmd` through Raft (merged with concurrent ones) and returns its result
     /// once applied on this leader.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, TalonError> {
+        self.check_handing_over()?;
         let (tx, rx) = oneshot::channel();
         self.proposals.send((cmd, tx)).await.map_err(|_| {
             TalonError::Unavailable(format!("partition {} is shutting down", self.id))
@@ -93,6 +99,7 @@ impl Partition {
     /// Waits until this replica is the leader and has applied everything committed before
     /// the call (ReadIndex), so a local read is linearizable.
     pub async fn linearizable(&self) -> Result<(), TalonError> {
+        self.check_handing_over()?;
         let (tx, rx) = oneshot::channel();
         self.reads.send(tx).await.map_err(|_| {
             TalonError::Unavailable(format!("partition {} is shutting down", self.id))
@@ -107,6 +114,9 @@ impl Partition {
     /// and has applied what that leader had committed then.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         let m = self.raft.metrics().borrow().clone();
+        if m.running_state.is_err() {
+            return false;
+        }
         if m.state == ServerState::Leader {
             return m
                 .millis_since_quorum_ack
@@ -133,9 +143,44 @@ impl Partition {
         *g = Some((Instant::now(), leader_commit));
     }
 
-    /// The current leader, as this replica knows it.
+    /// Hands the leadership on, or stops doing so: while `on`, this replica neither
+    /// campaigns nor sends heartbeats, and refuses proposals and linearizable reads as a
+    /// follower would (NotLeader, no leader known), so the other replicas' lease runs out
+    /// and one of them takes over.
+    pub fn hand_over(&self, on: bool) {
+        let rc = self.raft.runtime_config();
+        rc.elect(!on);
+        rc.heartbeat(!on);
+        self.handing_over
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn check_handing_over(&self) -> Result<(), TalonError> {
+        if self.handing_over.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(not_leader(self.id, None, &self.peers));
+        }
+        Ok(())
+    }
+
+    /// The current leader, as this replica knows it (none once this replica has failed).
     pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.running_state
+            .is_ok()
+            .then_some(m.current_leader)
+            .flatten()
+    }
+
+    /// Why this replica's Raft group stopped, if it did: a storage error (a full disk, an
+    /// I/O error). The node goes on serving its other partitions; the other replicas of
+    /// this one elect a leader among themselves; a restart once the cause is gone brings
+    /// this replica back, catching up from the others.
+    pub fn failure(&self) -> Option<String> {
+        match &self.raft.metrics().borrow().running_state {
+            Ok(()) => None,
+            Err(e) => Some(e.to_string()),
+        }
     }
 
     /// A NotLeader error pointing at the known leader.

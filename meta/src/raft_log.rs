@@ -42,9 +42,20 @@ pub enum LogOpenError {
     Spawn(#[from] std::io::Error),
 }
 
+/// Where appends wait for disk space: the node's space, and its stop signal.
+#[derive(Clone, Debug)]
+pub struct LogGate {
+    /// The node's data file system.
+    pub space: Arc<crate::space::Space>,
+    /// Fires when the node stops; a waiting append then fails.
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
 /// The node-wide log database and its WAL flusher.
 pub struct LogDb {
     db: Arc<DB>,
+    /// Holds appends back while the disk is all but full (see `crate::space`).
+    gate: Option<LogGate>,
     stats: Arc<LogStats>,
     flush_tx: std::sync::Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
     flusher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -68,7 +79,27 @@ impl Debug for LogDb {
 impl LogDb {
     /// Opens (or creates) the log database at `path` and starts its flusher thread.
     pub fn open(path: &Path) -> Result<Arc<LogDb>, LogOpenError> {
+        LogDb::open_gated(path, None, &crate::tuning::Tuning::default())
+    }
+
+    /// As [`LogDb::open`], with the node's memtable sizes, and appends waiting at `gate`: a
+    /// node whose
+    /// disk is all but full holds a follower's appends back rather than fail them inside
+    /// RocksDB, which would stop the group (the leader goes on with the other replicas).
+    pub fn open_gated(
+        path: &Path,
+        gate: Option<LogGate>,
+        tuning: &crate::tuning::Tuning,
+    ) -> Result<Arc<LogDb>, LogOpenError> {
         let mut o = Options::default();
+        tuning.apply(&mut o);
+        // Entries that carry file data go to blob files, so compaction rewrites only keys
+        // and references: a compaction of inline values would need as much free disk as the
+        // log holds. The log is purged in order, so whole blob files fall out of use and are
+        // deleted without garbage collection rewriting anything.
+        o.set_enable_blob_files(true);
+        o.set_min_blob_size(4096);
+        o.set_enable_blob_gc(false);
         o.create_if_missing(true);
         o.set_max_background_jobs(2);
         o.set_keep_log_file_num(2);
@@ -82,6 +113,7 @@ impl LogDb {
             .spawn(move || flush_loop(fdb, fstats, rx))?;
         Ok(Arc::new(LogDb {
             db,
+            gate,
             stats,
             flush_tx: std::sync::Mutex::new(Some(tx)),
             flusher: std::sync::Mutex::new(Some(flusher)),
@@ -102,6 +134,18 @@ impl LogDb {
             self.stats.appends.load(Ordering::Relaxed),
             self.stats.syncs.load(Ordering::Relaxed),
         )
+    }
+
+    /// Flushes and compacts the whole log in the background, so that purged entries give
+    /// their disk space back.
+    pub fn compact_soon(&self) {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = db.flush() {
+                tracing::warn!("flush the log: {e}");
+            }
+            db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        });
     }
 
     /// Stops the flusher after it has acknowledged everything queued.
@@ -309,6 +353,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let b = bincode::serialize(&e)
                 .map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
             batch.put(self.key(b'e', Some(e.get_log_id().index)), b);
+        }
+        if let Some(g) = &self.db.gate {
+            g.space
+                .wait_for_log_room(batch.size_in_bytes() as u64, &g.cancel)
+                .await
+                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(false);

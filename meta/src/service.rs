@@ -163,7 +163,10 @@ impl Namespace for Api {
                     .unwrap_or((0, 0));
                 pb::PartitionStatus {
                     id: p.id,
-                    role: format!("{:?}", m.state).to_uppercase(),
+                    role: match &m.running_state {
+                        Ok(()) => format!("{:?}", m.state).to_uppercase(),
+                        Err(_) => "FAILED".into(),
+                    },
                     leader: m.current_leader.unwrap_or(0),
                     term: m.current_term,
                     last_log_index: m.last_log_index.unwrap_or(0),
@@ -183,12 +186,17 @@ impl Namespace for Api {
             .unwrap_or_default()
             .to_string();
         let (log_appends, log_syncs) = self.node.log_stats();
+        let space = self.node.space.reading();
         Ok(Response::new(pb::StatusReply {
             node_id: self.node.config.node_id,
             addr,
             partitions: parts,
             log_appends,
             log_syncs,
+            space_level: space.level.name().to_string(),
+            space_used: space.used,
+            space_total_bytes: space.fs.total,
+            space_usable_bytes: space.usable(self.node.space.config()),
         }))
     }
 
@@ -241,6 +249,7 @@ impl Namespace for Api {
     async fn create(&self, r: Request<pb::CreateRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, 0)?;
         let spec = create_spec(&r)?;
         let (attr, epoch) = self
             .node
@@ -283,6 +292,7 @@ impl Namespace for Api {
     async fn link(&self, r: Request<pb::LinkRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, 0)?;
         let (attr, epoch) = self
             .node
             .link(
@@ -342,6 +352,7 @@ impl Namespace for Api {
     async fn set_xattr(&self, r: Request<pb::SetXattrRequest>) -> Res<pb::Empty> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, r.value.len())?;
         self.node
             .setxattr(
                 h.partition,
@@ -378,16 +389,18 @@ impl Namespace for Api {
         let h = header(r.into_inner().header);
         let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
         let (bytes, disk_bytes) = self.node.usage(h.partition)?;
-        let fs = self.node.data_fs_space()?;
+        // What may still be written before the disk counts as full.
+        let space = self.node.space.reading();
+        let usable = space.usable(self.node.space.config());
         Ok(Response::new(pb::StatFsReply {
             inodes,
             bytes,
             entries,
             disk_bytes,
             node_id: self.node.config.node_id,
-            fs_total_bytes: fs.total,
-            fs_free_bytes: fs.free,
-            fs_avail_bytes: fs.avail,
+            fs_total_bytes: space.fs.total,
+            fs_free_bytes: usable,
+            fs_avail_bytes: usable,
         }))
     }
 
@@ -434,6 +447,7 @@ impl Namespace for Api {
     async fn write_small(&self, r: Request<pb::WriteSmallRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, r.body.len())?;
         let attr = self
             .node
             .write_small(
@@ -452,6 +466,7 @@ impl Namespace for Api {
     async fn put_chunk(&self, r: Request<pb::PutChunkRequest>) -> Res<pb::Empty> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, r.data.len())?;
         self.node
             .put_chunk(h.partition, Ino(r.ino), r.write_id, r.index, r.data)
             .await?;
@@ -479,6 +494,7 @@ impl Namespace for Api {
     async fn commit_layout(&self, r: Request<pb::CommitLayoutRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
+        self.node.room_for(h.partition, 0)?;
         let layout = Layout {
             chunk_size: r.chunk_size,
             chunks: r
@@ -525,6 +541,9 @@ impl Namespace for Api {
             .any(|o| matches!(o.op, Some(pb::batch_op::Op::Create(_))));
         if has_writes && part.leader() != Some(self.node.config.node_id) {
             return Err(part.not_leader().into());
+        }
+        if has_writes {
+            self.node.room_for(h.partition, 0)?;
         }
         let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; r.ops.len()];
         let mut creates = Vec::new();

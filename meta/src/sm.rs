@@ -45,8 +45,9 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
 /// RocksDB options of a state machine instance. Values of 4 KiB and more (small-file
 /// bodies, chunks) go to BlobDB's blob files: large append-only segments with their own
 /// garbage collection, run by compaction (age cutoff 1.0: every blob file is eligible).
-fn db_options() -> Options {
+fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     let mut o = Options::default();
+    tuning.apply(&mut o);
     o.create_if_missing(true);
     o.set_max_background_jobs(2);
     o.set_keep_log_file_num(2);
@@ -68,6 +69,11 @@ pub struct SmStore {
     swap: Mutex<()>,
     /// Bodies and chunks deleted since the last compaction of this replica.
     deletes: std::sync::atomic::AtomicU64,
+    /// Memtable sizes, for every instance this store opens.
+    tuning: crate::tuning::Tuning,
+    /// Fault injection: while set, applying fails with an I/O error (see
+    /// [`SmStore::inject_write_errors`]).
+    fail_writes: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SmStore {
@@ -124,6 +130,21 @@ impl SmStore {
     /// Opens (or creates) the state of `partition` under `dir`. A new partition 0 is seeded
     /// with the root directory and `cluster_map`.
     pub fn open(dir: &Path, partition: u32, cluster_map: &[u8]) -> Result<Arc<SmStore>, Fatal> {
+        SmStore::open_tuned(
+            dir,
+            partition,
+            cluster_map,
+            crate::tuning::Tuning::default(),
+        )
+    }
+
+    /// As [`SmStore::open`], with the node's memtable sizes.
+    pub fn open_tuned(
+        dir: &Path,
+        partition: u32,
+        cluster_map: &[u8],
+        tuning: crate::tuning::Tuning,
+    ) -> Result<Arc<SmStore>, Fatal> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
         let current = dir.join("CURRENT_DB");
@@ -143,7 +164,7 @@ impl SmStore {
                 }
             }
         }
-        let db = DB::open(&db_options(), dir.join(&name))?;
+        let db = DB::open(&db_options(&tuning), dir.join(&name))?;
         if partition == 0 {
             seed_root(&db, Time::now(), cluster_map)?;
         }
@@ -153,7 +174,16 @@ impl SmStore {
             db: RwLock::new(Arc::new(db)),
             swap: Mutex::new(()),
             deletes: std::sync::atomic::AtomicU64::new(0),
+            tuning,
+            fail_writes: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// Fault injection for tests of storage failures: while `on`, every apply on this
+    /// replica fails as a write to a broken disk would. Off unless a test turns it on.
+    pub fn inject_write_errors(&self, on: bool) {
+        self.fail_writes
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The live RocksDB instance.
@@ -368,6 +398,14 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         if let Some(m) = membership {
             batch.put(meta::MEMBERSHIP, enc(&m));
         }
+        if self
+            .store
+            .fail_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let e = std::io::Error::other("injected I/O error");
+            return Err(io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e));
+        }
         // openraft never runs apply and install_snapshot at once, so `db` is still live.
         db.write(batch)
             .map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
@@ -435,7 +473,7 @@ fn install_snapshot(
             }
             std::fs::write(target.join(file), bytes).map_err(|e| Fatal::Corrupt(e.to_string()))?;
         }
-        let db = DB::open(&db_options(), &target)?;
+        let db = DB::open(&db_options(&store.tuning), &target)?;
         let (applied, _) = read_applied(&db)?;
         if applied != meta.last_log_id {
             return Err(Fatal::Corrupt(format!(

@@ -9,7 +9,7 @@
 //! node and is carried out, the answer never reaches the client, and the connection
 //! breaks — the "applied, but the client does not know" case of a real network.
 
-use crate::config::{ClusterConfig, Config, NodeEntry, RaftConfig};
+use crate::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
 use crate::node::RunningNode;
 use openraft::ServerState;
 use std::collections::BTreeMap;
@@ -34,6 +34,9 @@ pub struct TestClusterBuilder {
     raft: RaftConfig,
     lossy_front: bool,
     txn_recovery_after_ms: u64,
+    space: SpaceConfig,
+    node_space: BTreeMap<u64, SpaceConfig>,
+    data_dirs: BTreeMap<u64, std::path::PathBuf>,
 }
 
 impl TestClusterBuilder {
@@ -42,6 +45,28 @@ impl TestClusterBuilder {
     pub fn lossy_front(mut self, on: bool) -> Self {
         self.lossy_front = on;
         self
+    }
+    /// Space thresholds of every node. A test cluster's nodes share the machine's disk
+    /// with everything else, so by default they never count it as full (both ratios 1.0,
+    /// no reserve): how full the machine happens to be must not change a test's outcome.
+    pub fn space(mut self, space: SpaceConfig) -> Self {
+        self.space = space;
+        self
+    }
+    /// Space thresholds of node `id` alone (see [`TestClusterBuilder::space`]).
+    pub fn node_space(mut self, id: u64, space: SpaceConfig) -> Self {
+        self.node_space.insert(id, space);
+        self
+    }
+    /// Puts node `id`'s data directory at `dir` (say, on a small file system the test
+    /// mounted) instead of in the cluster's temporary directory.
+    pub fn data_dir(mut self, id: u64, dir: std::path::PathBuf) -> Self {
+        self.data_dirs.insert(id, dir);
+        self
+    }
+    /// The number of nodes the cluster will have.
+    pub fn node_count(&self) -> u64 {
+        self.nodes
     }
     /// Number of nodes (ids 1..=n).
     pub fn nodes(mut self, n: u64) -> Self {
@@ -124,7 +149,16 @@ impl TestClusterBuilder {
             let mut c = Config {
                 node_id: id,
                 listen: listener.local_addr()?.to_string(),
-                data_dir: root.path().join(format!("node{id}")),
+                data_dir: self
+                    .data_dirs
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| root.path().join(format!("node{id}"))),
+                space: self
+                    .node_space
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| self.space.clone()),
                 ..Config::default()
             };
             c.cluster.nodes = entries.clone();
@@ -182,6 +216,13 @@ impl TestCluster {
             },
             lossy_front: false,
             txn_recovery_after_ms: RaftConfig::default().txn_recovery_after_ms,
+            space: SpaceConfig {
+                nearfull_ratio: 1.0,
+                full_ratio: 1.0,
+                reserve_bytes: 0,
+            },
+            node_space: BTreeMap::new(),
+            data_dirs: BTreeMap::new(),
         }
     }
 
@@ -382,5 +423,64 @@ async fn relay(client: TcpStream, node: TcpStream, armed: Arc<AtomicU32>, lost: 
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
+    }
+}
+
+/// A small tmpfs mounted on a temporary directory, for tests of a full disk; unmounted
+/// (lazily, so a process still holding files there cannot keep it) when dropped. Mounting
+/// needs root.
+pub struct SmallFs {
+    /// The mount point.
+    pub path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    /// Mounts a tmpfs of `bytes` bytes.
+    pub fn mount(bytes: u64) -> anyhow::Result<SmallFs> {
+        let dir = tempfile::Builder::new()
+            .prefix("talon-smallfs-")
+            .tempdir()?;
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path)?;
+        mount_cmd(&[
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={bytes}"),
+            "tmpfs",
+            &path.to_string_lossy(),
+        ])?;
+        Ok(SmallFs { path, _dir: dir })
+    }
+
+    /// Grows (or shrinks) the file system to `bytes`, keeping its files.
+    pub fn resize(&self, bytes: u64) -> anyhow::Result<()> {
+        mount_cmd(&[
+            "-o",
+            &format!("remount,size={bytes}"),
+            &self.path.to_string_lossy(),
+        ])
+    }
+}
+
+fn mount_cmd(args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("mount").args(args).output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "mount {}: {} (mounting needs root)",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .output();
     }
 }

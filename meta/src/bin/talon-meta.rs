@@ -146,6 +146,13 @@ async fn main() -> anyhow::Result<()> {
                 .into_inner();
             println!("node {} at {}", s.node_id, s.addr);
             println!(
+                "space: {} ({:.1}% of {} bytes used, {} bytes writable)",
+                s.space_level,
+                s.space_used * 100.0,
+                s.space_total_bytes,
+                s.space_usable_bytes
+            );
+            println!(
                 "{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}",
                 "partition", "role", "leader", "term", "last_log", "applied", "entries", "inodes"
             );

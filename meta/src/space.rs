@@ -1,0 +1,497 @@
+//! Space on a node's data file system: how full it is, what may still be written there,
+//! and the reserve that lets a node on a full disk start, apply and delete.
+//!
+//! Owns the fullness [`Level`], computed from `statvfs` of the data directory against the
+//! `[space]` thresholds and cached between refreshes (the node's space loop refreshes it
+//! every half second; the write path only reads it), the reserve file `space.reserve` in
+//! the data directory, and the usable space that statfs reports. It must not propose,
+//! touch Raft or open stores: what a node does at each level is `Node::space_round`'s.
+//!
+//! Levels, from the fraction of the file system in use (the reserve counted as used, held
+//! or released, since it is never the users'):
+//! - `Ok`, then `NearFull` past `nearfull_ratio`: the node frees what it can at once.
+//! - `Full` past `full_ratio`: new entries and data are refused with ENOSPC at the edge,
+//!   before anything is proposed; the reserve is released.
+//! - `Critical`: less than a sliver is left, even after the release (a follower whose
+//!   leader, on another node, still accepts writes). Log appends wait for room instead of
+//!   failing inside RocksDB, which would stop the node's Raft groups.
+
+use crate::config::SpaceConfig;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+use talon_model::{Errno, TalonError};
+use tokio_util::sync::CancellationToken;
+
+/// How old a reading the write path trusts.
+pub const FRESH: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The reserve file's name in the data directory.
+pub const RESERVE_FILE: &str = "space.reserve";
+
+/// How full the data file system is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Below `nearfull_ratio`.
+    Ok,
+    /// Past `nearfull_ratio`.
+    NearFull,
+    /// Past `full_ratio`: new entries and data are refused.
+    Full,
+    /// Almost nothing left: log appends wait.
+    Critical,
+}
+
+impl Level {
+    /// The name `status` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::NearFull => "nearfull",
+            Level::Full => "full",
+            Level::Critical => "critical",
+        }
+    }
+}
+
+/// Size and free space of a file system, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Size of the file system.
+    pub total: u64,
+    /// Free bytes, including those reserved for root.
+    pub free: u64,
+    /// Free bytes available to unprivileged users.
+    pub avail: u64,
+}
+
+/// One look at the file system, with what it means.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading {
+    /// The file system as `statvfs` saw it.
+    pub fs: FsSpace,
+    /// Bytes held in the reserve file at the time.
+    pub held: u64,
+    /// The level.
+    pub level: Level,
+    /// Fraction of the file system in use, the reserve counted as used (held or not).
+    pub used: f64,
+}
+
+impl Reading {
+    /// Bytes that may still be written before the disk counts as full: what statfs
+    /// reports as free and available.
+    pub fn usable(&self, cfg: &SpaceConfig) -> u64 {
+        user_free(cfg, self.fs, self.held).saturating_sub(Floors::of(cfg, self.fs.total).full)
+    }
+}
+
+/// The free-space floors of a file system, in bytes: below `critical` log appends wait;
+/// below `full` (of the users' share) new data is refused; below `nearfull` the node frees
+/// what it can. Each lies well above the one before, whatever the ratios, so that users
+/// are refused before the node's own writes must wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Floors {
+    /// Raw free bytes below which log appends wait.
+    pub critical: u64,
+    /// Users' free bytes below which new data is refused.
+    pub full: u64,
+    /// Users' free bytes below which the node frees what it can at once.
+    pub nearfull: u64,
+}
+
+impl Floors {
+    /// The floors of a file system of `total` bytes. Critical: half the reserve (the
+    /// node's memtable budget is at most that, see `crate::tuning`, and flushing it needs
+    /// about as much disk) plus 1 MiB, at least 3 MiB, at most 1/8 of the disk.
+    pub fn of(cfg: &SpaceConfig, total: u64) -> Floors {
+        let critical = ((reserve_size(cfg, total) / 2).max(2 << 20) + (1 << 20)).min(total / 8);
+        let ratio = |r: f64| (total as f64 * (1.0 - r)) as u64;
+        let full = ratio(cfg.full_ratio).max(2 * critical);
+        let nearfull = ratio(cfg.nearfull_ratio).max(full + full / 2);
+        Floors {
+            critical,
+            full,
+            nearfull,
+        }
+    }
+}
+
+/// The level of a file system of `fs` with `held` bytes in the reserve, and the fraction
+/// in use. The reserve is set aside whether it is held or released: users get only what
+/// lies beyond it, so releasing it on a full disk gives its room to the node's own writes
+/// (applying, deleting, restarting), never to new data.
+pub fn level_of(cfg: &SpaceConfig, fs: FsSpace, held: u64) -> (Level, f64) {
+    if fs.total == 0 {
+        return (Level::Ok, 0.0);
+    }
+    let free = user_free(cfg, fs, held);
+    let used = 1.0 - free as f64 / fs.total as f64;
+    let f = Floors::of(cfg, fs.total);
+    let level = if fs.avail < f.critical {
+        Level::Critical
+    } else if free < f.full {
+        Level::Full
+    } else if free < f.nearfull {
+        Level::NearFull
+    } else {
+        Level::Ok
+    };
+    (level, used)
+}
+
+/// Free bytes beyond the reserve: what new data may use.
+fn user_free(cfg: &SpaceConfig, fs: FsSpace, held: u64) -> u64 {
+    let released = reserve_size(cfg, fs.total).saturating_sub(held);
+    fs.avail.saturating_sub(released).min(fs.total)
+}
+
+/// The reserve's size on a file system of `total` bytes.
+pub fn reserve_size(cfg: &SpaceConfig, total: u64) -> u64 {
+    cfg.reserve_bytes.min(total / 16)
+}
+
+/// Size and free space of the file system holding `dir`.
+pub fn statvfs(dir: &Path) -> std::io::Result<FsSpace> {
+    let st = rustix::fs::statvfs(dir)?;
+    let unit = st.f_frsize.max(1);
+    Ok(FsSpace {
+        total: st.f_blocks.saturating_mul(unit),
+        free: st.f_bfree.saturating_mul(unit),
+        avail: st.f_bavail.saturating_mul(unit),
+    })
+}
+
+struct State {
+    reading: Reading,
+    at: Instant,
+    announced: Level,
+    full_since: Option<Instant>,
+}
+
+/// The space of one node's data directory.
+pub struct Space {
+    dir: PathBuf,
+    cfg: SpaceConfig,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Space {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Space({})", self.dir.display())
+    }
+}
+
+impl Space {
+    /// Opens the space of `dir` (which must exist) and releases its reserve, so that what
+    /// start-up writes (new log and table files) has room even on a full disk.
+    pub fn open(dir: &Path, cfg: SpaceConfig) -> std::io::Result<Space> {
+        let reserve = dir.join(RESERVE_FILE);
+        match std::fs::remove_file(&reserve) {
+            Ok(()) => tracing::info!("released the space reserve at start-up"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let fs = statvfs(dir)?;
+        let (level, used) = level_of(&cfg, fs, 0);
+        Ok(Space {
+            dir: dir.to_path_buf(),
+            cfg,
+            state: Mutex::new(State {
+                reading: Reading {
+                    fs,
+                    held: 0,
+                    level,
+                    used,
+                },
+                at: Instant::now(),
+                announced: Level::Ok,
+                full_since: (level >= Level::Full).then(Instant::now),
+            }),
+        })
+    }
+
+    /// The thresholds.
+    pub fn config(&self) -> &SpaceConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last reading.
+    pub fn reading(&self) -> Reading {
+        self.lock().reading
+    }
+
+    /// The last level.
+    pub fn level(&self) -> Level {
+        self.lock().reading.level
+    }
+
+    /// Records `level` as the one last announced (logged) and returns the one before.
+    pub fn announce(&self, level: Level) -> Level {
+        std::mem::replace(&mut self.lock().announced, level)
+    }
+
+    /// Since when the disk has counted as full (a write refused, or a reading past the
+    /// floor), if it does: until a reading is half way back to the nearfull floor.
+    pub fn full_since(&self) -> Option<Instant> {
+        self.lock().full_since
+    }
+
+    /// Looks at the file system again.
+    pub fn refresh(&self) -> std::io::Result<Reading> {
+        let fs = statvfs(&self.dir)?;
+        let mut g = self.lock();
+        let held = g.reading.held;
+        let (level, used) = level_of(&self.cfg, fs, held);
+        g.reading = Reading {
+            fs,
+            held,
+            level,
+            used,
+        };
+        g.at = Instant::now();
+        // Full from the first refusal (or reading past the threshold) until the disk is
+        // clearly below it again, so that leadership does not flap at the threshold.
+        if level >= Level::Full {
+            g.full_since.get_or_insert_with(Instant::now);
+        } else {
+            let f = Floors::of(&self.cfg, fs.total);
+            if user_free(&self.cfg, fs, held) >= (f.full + f.nearfull) / 2 {
+                g.full_since = None;
+            }
+        }
+        Ok(g.reading)
+    }
+
+    /// Refuses new entries and `incoming` bytes of data while the disk is full, or would
+    /// be with them: ENOSPC, naming the node, the partition and the threshold. The data is
+    /// counted four times: in the log and the state, each first in a WAL and then flushed. A reading older than
+    /// [`FRESH`] is taken again first: a writer can fill a disk faster than the space loop
+    /// looks.
+    pub fn check_room(&self, node: u64, partition: u32, incoming: u64) -> Result<(), TalonError> {
+        let r = self.fresh();
+        let after = FsSpace {
+            avail: r.fs.avail.saturating_sub(incoming.saturating_mul(4)),
+            ..r.fs
+        };
+        let (level, used) = level_of(&self.cfg, after, r.held);
+        if level < Level::Full {
+            return Ok(());
+        }
+        self.lock().full_since.get_or_insert_with(Instant::now);
+        let floor = Floors::of(&self.cfg, r.fs.total).full;
+        Err(TalonError::posix(
+            Errno::ENOSPC,
+            format!(
+                "node {node}, partition {partition}: data file system full, {:.1}% used \
+                 (new data stops with less than {floor} bytes free beyond the reserve: \
+                 space.full_ratio {}, at least twice the log's floor)",
+                used * 100.0,
+                self.cfg.full_ratio
+            ),
+        ))
+    }
+
+    /// The last reading, taken again first if older than [`FRESH`].
+    fn fresh(&self) -> Reading {
+        if self.lock().at.elapsed() <= FRESH {
+            return self.reading();
+        }
+        self.refresh().unwrap_or_else(|e| {
+            tracing::warn!("statvfs of the data directory: {e}");
+            self.reading()
+        })
+    }
+
+    /// Waits until `bytes` more of log can be written without going below the critical
+    /// floor (a follower's leader, elsewhere, may still take writes while this disk has
+    /// none left), or until `cancel` fires (the node stops): an error then.
+    pub async fn wait_for_log_room(
+        &self,
+        bytes: u64,
+        cancel: &CancellationToken,
+    ) -> std::io::Result<()> {
+        let mut waited = false;
+        loop {
+            let r = self.fresh();
+            let floor = Floors::of(&self.cfg, r.fs.total).critical;
+            if r.fs.total == 0 || r.fs.avail >= floor.saturating_add(bytes.saturating_mul(2)) {
+                if waited {
+                    tracing::info!("log appends go on: the disk has room again");
+                }
+                return Ok(());
+            }
+            if !waited {
+                tracing::warn!(free = r.fs.avail, floor, "log appends wait for disk space");
+                waited = true;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    return Err(std::io::Error::other("the node stops while its disk is full"));
+                }
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// Creates the reserve file if it is missing and the disk is not nearly full.
+    pub fn hold_reserve(&self) -> std::io::Result<()> {
+        let r = self.reading();
+        let size = reserve_size(&self.cfg, r.fs.total);
+        if r.held > 0 || size == 0 || r.level != Level::Ok {
+            return Ok(());
+        }
+        // The file is written before it counts, so a reading taken meanwhile sees its
+        // blocks as used: the level can only look worse for a moment, never better.
+        let path = self.dir.join(RESERVE_FILE);
+        if let Err(e) = write_reserve(&path, size) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        self.lock().reading.held = size;
+        tracing::info!(bytes = size, "holding the space reserve");
+        Ok(())
+    }
+
+    /// Deletes the reserve file, giving its room to the node's own writes.
+    pub fn release_reserve(&self) -> std::io::Result<()> {
+        if self.reading().held == 0 {
+            return Ok(());
+        }
+        match std::fs::remove_file(self.dir.join(RESERVE_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.lock().reading.held = 0;
+        Ok(())
+    }
+}
+
+/// Writes `size` bytes of zeros to `path` and syncs them: allocated blocks, not a hole.
+fn write_reserve(path: &Path, size: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        f.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn cfg() -> SpaceConfig {
+        SpaceConfig {
+            nearfull_ratio: 0.85,
+            full_ratio: 0.95,
+            reserve_bytes: 64 * MIB,
+        }
+    }
+
+    fn fs(total: u64, avail: u64) -> FsSpace {
+        FsSpace {
+            total,
+            free: avail,
+            avail,
+        }
+    }
+
+    #[test]
+    fn levels_follow_the_floors() {
+        let c = cfg();
+        let t = 10_000 * MIB;
+        let f = Floors::of(&c, t);
+        // Ratios set the floors on a large disk; the critical floor is far below.
+        assert_eq!((f.full, f.nearfull), (500 * MIB, 1500 * MIB));
+        assert!(f.critical < f.full / 2);
+        // The reserve is held: what is free on disk is the users'.
+        let held = reserve_size(&c, t);
+        assert_eq!(level_of(&c, fs(t, 5000 * MIB), held).0, Level::Ok);
+        assert_eq!(level_of(&c, fs(t, 1400 * MIB), held).0, Level::NearFull);
+        assert_eq!(level_of(&c, fs(t, 400 * MIB), held).0, Level::Full);
+        assert_eq!(level_of(&c, fs(t, 20 * MIB), held).0, Level::Critical);
+    }
+
+    #[test]
+    fn on_a_small_disk_users_stop_well_before_the_log() {
+        let c = cfg();
+        for t in [16 * MIB, 48 * MIB, 64 * MIB, 256 * MIB] {
+            let f = Floors::of(&c, t);
+            assert!(f.critical >= MIB && f.critical <= t / 8, "{t}: {f:?}");
+            assert!(f.full >= 2 * f.critical, "{t}: {f:?}");
+            assert!(f.nearfull > f.full, "{t}: {f:?}");
+        }
+    }
+
+    #[test]
+    fn a_released_reserve_stays_out_of_the_users_reach() {
+        let c = cfg();
+        let t = 10_000 * MIB;
+        let reserve = reserve_size(&c, t);
+        // Full with the reserve held; releasing it frees disk but not the users' share.
+        let (held_level, held_used) = level_of(&c, fs(t, 400 * MIB), reserve);
+        let (level, used) = level_of(&c, fs(t, 400 * MIB + reserve), 0);
+        assert_eq!((held_level, level), (Level::Full, Level::Full));
+        assert!((held_used - used).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_reserve_is_at_most_a_sixteenth() {
+        let c = cfg();
+        assert_eq!(reserve_size(&c, 64 * MIB), 4 * MIB);
+        assert_eq!(reserve_size(&c, 100_000 * MIB), 64 * MIB);
+    }
+
+    #[test]
+    fn usable_space_stops_at_the_full_threshold() {
+        let c = cfg();
+        let t = 1000 * MIB;
+        let reserve = reserve_size(&c, t);
+        let r = |avail, held| {
+            let (level, used) = level_of(&c, fs(t, avail), held);
+            Reading {
+                fs: fs(t, avail),
+                held,
+                level,
+                used,
+            }
+        };
+        let full = Floors::of(&c, t).full;
+        assert_eq!(r(500 * MIB, reserve).usable(&c), 500 * MIB - full);
+        assert_eq!(r(40 * MIB, reserve).usable(&c), 0);
+        assert_eq!(r(500 * MIB + reserve, 0).usable(&c), 500 * MIB - full);
+    }
+
+    #[test]
+    fn open_releases_and_hold_recreates_the_reserve() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(RESERVE_FILE), b"old").expect("write");
+        let small = SpaceConfig {
+            reserve_bytes: MIB,
+            nearfull_ratio: 1.0,
+            full_ratio: 1.0,
+        };
+        let s = Space::open(dir.path(), small).expect("open");
+        assert!(!dir.path().join(RESERVE_FILE).exists());
+        s.refresh().expect("refresh");
+        s.hold_reserve().expect("hold");
+        let len = std::fs::metadata(dir.path().join(RESERVE_FILE))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert_eq!(len, MIB);
+        s.release_reserve().expect("release");
+        assert!(!dir.path().join(RESERVE_FILE).exists());
+    }
+}

@@ -1,0 +1,74 @@
+//! RocksDB settings shared by all of a node's stores (its Raft log and every partition's
+//! state): one memtable budget for the node instead of a default 64 MiB per store.
+//!
+//! Owns the budget and each store's memtable size, derived from `[storage]` and the space
+//! reserve. Bounding unflushed data matters beyond memory: RocksDB replays and flushes a
+//! store's WAL when it opens, which needs room on disk for about that much, so a node on a
+//! full disk restarts only if its unflushed data fits in what the reserve gives back (see
+//! `crate::space`). Must not open stores itself.
+
+use rocksdb::{Options, WriteBufferManager};
+
+/// The smallest memtable a store gets.
+const MIN_WRITE_BUFFER: usize = 1 << 20;
+
+/// Memtable sizes of a node's stores.
+#[derive(Clone, Default)]
+pub struct Tuning {
+    budget: Option<WriteBufferManager>,
+    write_buffer_size: usize,
+}
+
+impl std::fmt::Debug for Tuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Tuning(write buffers of {} bytes)",
+            self.write_buffer_size
+        )
+    }
+}
+
+impl Tuning {
+    /// A node-wide budget of `bytes` for all memtables; each store's memtable is a quarter
+    /// of it (at least 1 MiB), so that writes to any store flush before the sum runs over.
+    pub fn with_budget(bytes: u64) -> Tuning {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        Tuning {
+            budget: Some(WriteBufferManager::new_write_buffer_manager(bytes, false)),
+            write_buffer_size: (bytes / 4).max(MIN_WRITE_BUFFER),
+        }
+    }
+
+    /// The memtable budget of a node: `configured`, but no more than half of a non-zero
+    /// `reserve` (at least 2 MiB), so what must be flushed at start-up fits in it.
+    pub fn budget_for(configured: u64, reserve: u64) -> u64 {
+        if reserve == 0 {
+            return configured;
+        }
+        configured.min((reserve / 2).max(2 * MIN_WRITE_BUFFER as u64))
+    }
+
+    /// Sets `o`'s memtable size and budget.
+    pub fn apply(&self, o: &mut Options) {
+        if self.write_buffer_size > 0 {
+            o.set_write_buffer_size(self.write_buffer_size);
+        }
+        if let Some(b) = &self.budget {
+            o.set_write_buffer_manager(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_fits_in_half_the_reserve() {
+        assert_eq!(Tuning::budget_for(128 << 20, 256 << 20), 128 << 20);
+        assert_eq!(Tuning::budget_for(128 << 20, 4 << 20), 2 << 20);
+        assert_eq!(Tuning::budget_for(128 << 20, 1 << 20), 2 << 20);
+        assert_eq!(Tuning::budget_for(128 << 20, 0), 128 << 20);
+    }
+}
