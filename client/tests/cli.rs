@@ -85,10 +85,17 @@ async fn subcommands() {
     let (ok, status) = talon(c, &["status"]).await;
     assert!(ok, "{status}");
     assert!(status.contains("LEADER"), "{status}");
+    let (replicas, space) = status.split_once("\n\n").unwrap_or((&status, ""));
     assert_eq!(
-        status.lines().count(),
+        replicas.lines().count(),
         1 + 3 * 8,
         "one line per replica: {status}"
+    );
+    assert!(space.starts_with("NODE  SPACE"), "{status}");
+    assert_eq!(
+        space.lines().count(),
+        1 + 3,
+        "one space line per node: {status}"
     );
     assert!(matches!(
         <Cli as clap::Parser>::try_parse_from(["talon", "status"]).map(|c| c.command),

@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use talon_client::fuse::{Mount, MountOptions};
 use talon_client::{Client, ClientOptions};
-use talon_meta::testing::TestCluster;
+use talon_meta::testing::{TestCluster, TestClusterBuilder};
 
 /// The strict prefix of the fixture's clusters.
 pub const STRICT_PREFIX: &str = "/ckpt";
@@ -47,16 +47,22 @@ impl Mounted {
 
     /// A cluster of `nodes` nodes, mounted.
     pub fn start_with(nodes: u64) -> Mounted {
+        Mounted::start_on(TestCluster::builder().nodes(nodes))
+    }
+
+    /// The cluster `builder` makes (8 partitions, replication min(3, nodes), the fixture's
+    /// strict prefix and staleness bound), mounted.
+    pub fn start_on(builder: TestClusterBuilder) -> Mounted {
         let gate = GATE.lock().unwrap_or_else(|e| e.into_inner());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
             .enable_all()
             .build()
             .expect("build a runtime");
+        let nodes = builder.node_count();
         let cluster = rt
             .block_on(
-                TestCluster::builder()
-                    .nodes(nodes)
+                builder
                     .partitions(8)
                     .replication(nodes.min(3) as u32)
                     .strict_prefixes(vec![STRICT_PREFIX.into()])
@@ -93,6 +99,20 @@ impl Mounted {
             cluster.stop_node(id).await;
             id
         })
+    }
+
+    /// Stops node `id` cleanly and starts it again on its data; the mount stays.
+    pub fn restart_node(&mut self, id: u64) {
+        let cluster = self.cluster.as_mut().expect("running cluster");
+        self.rt.block_on(async {
+            cluster.stop_node(id).await;
+            cluster.restart_node(id).await.expect("restart the node");
+        })
+    }
+
+    /// The running cluster.
+    pub fn cluster(&self) -> &TestCluster {
+        self.cluster.as_ref().expect("running cluster")
     }
 
     /// Runs `f` on the fixture's runtime.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use talon_client::{Client, ClientOptions};
-use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig};
+use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
 
 #[allow(unused_imports)]
 pub use talon_meta::testing::TestCluster;
@@ -92,6 +92,12 @@ impl ProcCluster {
                 listen: node.addr.clone(),
                 data_dir: dir.path().join(format!("node{}", node.id)),
                 raft: raft.clone(),
+                // The machine's disk is shared with everything else: never count it full.
+                space: SpaceConfig {
+                    nearfull_ratio: 1.0,
+                    full_ratio: 1.0,
+                    reserve_bytes: 0,
+                },
                 ..Config::default()
             };
             c.cluster.nodes = nodes.clone();

@@ -1,0 +1,198 @@
+//! One node's disk fills up, or one partition's store fails, in a 3-node cluster: the
+//! cluster keeps accepting writes while a majority has room (leadership moves away from
+//! the full node), the node says so in its status, and once the cause is gone and the node
+//! is back, nothing acknowledged is lost.
+
+mod common;
+
+use common::{eventually, settled_leader};
+use std::time::Duration;
+use talon_meta::config::SpaceConfig;
+use talon_meta::testing::{SmallFs, TestCluster};
+
+const FILE_BYTES: usize = 200_000;
+
+/// File `i`'s contents: incompressible, so the disk really fills.
+fn body(i: usize) -> Vec<u8> {
+    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..FILE_BYTES)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Waits until every partition's replica on node `id` has applied what its leader had.
+async fn caught_up(cluster: &TestCluster, id: u64, partitions: u32) {
+    for p in 0..partitions {
+        let leader = settled_leader(cluster, p).await;
+        let target = cluster.node(leader).expect("leader runs").node.partitions[&p]
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+            .unwrap_or(0);
+        eventually(
+            Duration::from_secs(120),
+            &format!("node {id} to apply partition {p} up to {target}"),
+            || async move {
+                let m = cluster.node(id)?.node.partitions[&p]
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .clone();
+                (m.last_applied.map(|l| l.index).unwrap_or(0) >= target).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_full_node_does_not_stop_the_cluster() {
+    // `RUST_LOG=warn` shows what the nodes say about their disks.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    const PARTITIONS: u32 = 4;
+    const FILES: usize = 250;
+    let fs = SmallFs::mount(48 << 20).expect("mount a small tmpfs");
+    let mut cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(PARTITIONS)
+        .replication(3)
+        .data_dir(3, fs.path.join("node3"))
+        .node_space(3, SpaceConfig::default())
+        .start()
+        .await
+        .expect("cluster");
+    let c = common::client(&cluster.addrs()).await;
+    c.mkdir("/d", talon_client::MkdirOptions::default())
+        .await
+        .expect("mkdir");
+
+    // 50 MB, stored twice on every replica until a snapshot: more than node 3 holds.
+    for i in 0..FILES {
+        c.write_file(format!("/d/f{i:04}"), &body(i))
+            .await
+            .unwrap_or_else(|e| panic!("write {i} while a majority has room: {e}"));
+    }
+    let node3 = cluster.node(3).expect("node 3").node.clone();
+    let level = node3.space.level();
+    assert!(
+        level >= talon_meta::space::Level::Full,
+        "node 3's disk is full: {level:?}"
+    );
+    for p in 0..PARTITIONS {
+        assert_ne!(
+            cluster.leader_of(p).await,
+            Some(3),
+            "partition {p} is led by a node with room"
+        );
+    }
+    let status = c.status().await;
+    let space = status[2].space.as_ref().expect("node 3 answers status");
+    assert!(
+        space.level == "full" || space.level == "critical",
+        "status shows node 3 full: {space:?}"
+    );
+    drop(node3);
+
+    // Room again: node 3 catches up, and with node 1 stopped the files are all there.
+    fs.resize(512 << 20).expect("grow the tmpfs");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.stop_node(3).await;
+    cluster.restart_node(3).await.expect("restart node 3");
+    caught_up(&cluster, 3, PARTITIONS).await;
+    cluster.stop_node(1).await;
+    for i in 0..FILES {
+        let got = c
+            .read_file(format!("/d/f{i:04}"))
+            .await
+            .unwrap_or_else(|e| panic!("read {i} from nodes 2 and 3: {e}"));
+        assert!(got == body(i), "file {i} reads back whole");
+    }
+    cluster.shutdown().await;
+    drop(fs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_partition_store_hands_over_and_recovers() {
+    const PARTITIONS: u32 = 4;
+    let mut cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(PARTITIONS)
+        .replication(3)
+        .start()
+        .await
+        .expect("cluster");
+    let c = common::client(&cluster.addrs()).await;
+    c.mkdir("/d", talon_client::MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    for i in 0..40 {
+        c.write_file(format!("/d/a{i:02}"), b"before")
+            .await
+            .expect("write before");
+    }
+
+    // Break partition 1's store on its leader: the next apply there fails.
+    let victim = settled_leader(&cluster, 1).await;
+    let node = cluster.node(victim).expect("victim").node.clone();
+    node.partitions[&1].store.inject_write_errors(true);
+
+    // Writes go on everywhere: partition 1 under a new leader, the others wherever.
+    for i in 0..40 {
+        c.write_file(format!("/d/b{i:02}"), b"during")
+            .await
+            .unwrap_or_else(|e| panic!("write {i} with one broken store: {e}"));
+    }
+    let why = node.partitions[&1].failure();
+    assert!(
+        why.is_some(),
+        "partition 1 on node {victim} reports its failure"
+    );
+    assert_ne!(
+        cluster.leader_of(1).await,
+        Some(victim),
+        "another replica leads"
+    );
+    // The node keeps its other partitions: every one of them still has a live replica
+    // here that follows or leads.
+    for p in (0..PARTITIONS).filter(|&p| p != 1) {
+        assert!(
+            node.partitions[&p].failure().is_none(),
+            "partition {p} on node {victim} is unaffected"
+        );
+    }
+    let status = c.status().await;
+    let parts = status[(victim - 1) as usize]
+        .partitions
+        .as_ref()
+        .expect("the node answers status");
+    let role = &parts.iter().find(|s| s.id == 1).expect("partition 1").role;
+    assert_eq!(role, "FAILED", "status names the failed partition");
+    drop(node);
+
+    // The cause gone (a restart opens the store afresh), the node catches up.
+    cluster.stop_node(victim).await;
+    cluster.restart_node(victim).await.expect("restart");
+    caught_up(&cluster, victim, PARTITIONS).await;
+    let others: Vec<u64> = (1..=3).filter(|&n| n != victim).collect();
+    cluster.stop_node(others[0]).await;
+    for (prefix, body) in [("a", &b"before"[..]), ("b", &b"during"[..])] {
+        for i in 0..40 {
+            let got = c
+                .read_file(format!("/d/{prefix}{i:02}"))
+                .await
+                .unwrap_or_else(|e| panic!("read {prefix}{i}: {e}"));
+            assert_eq!(got, body);
+        }
+    }
+    cluster.shutdown().await;
+}
