@@ -8,18 +8,7 @@ use common::{errno, Fixture};
 use talon_client::{Client, Errno, MkdirOptions, OpenOptions};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-/// Deterministic bytes that differ between offsets and between seeds.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use talon_meta::testing::pattern;
 
 fn sizes(c: &Client) -> Vec<usize> {
     let t = c.cluster_map().small_file_max as usize;

@@ -19,15 +19,7 @@ const MAX_FILES: usize = 1_000;
 
 /// File `i`'s contents: incompressible, so the disk really fills.
 fn body(i: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..FILE_BYTES)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    talon_meta::testing::pattern(i as u64, FILE_BYTES)
 }
 
 /// Writes file `i` whole and syncs it, so an error of the write reaches the caller (a plain

@@ -16,15 +16,7 @@ use talon_client::{ImportOptions, ImportProgress};
 /// Contents of file `i`: 1-4 KiB, derived from `i`.
 fn body(i: usize) -> Vec<u8> {
     let len = 1024 + (i * 7919) % 3072;
-    let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    talon_meta::testing::pattern(i as u64 + 1, len)
 }
 
 /// Writes `n` files into `classes` directories under `root`; returns their relative paths.

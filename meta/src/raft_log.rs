@@ -136,18 +136,6 @@ impl LogDb {
         )
     }
 
-    /// Flushes and compacts the whole log in the background, so that purged entries give
-    /// their disk space back.
-    pub fn compact_soon(&self) {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = db.flush() {
-                tracing::warn!("flush the log: {e}");
-            }
-            db.compact_range(None::<&[u8]>, None::<&[u8]>);
-        });
-    }
-
     /// Stops the flusher after it has acknowledged everything queued.
     pub fn close(&self) {
         if let Ok(mut g) = self.flush_tx.lock() {

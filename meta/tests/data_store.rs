@@ -25,15 +25,7 @@ fn hdr(partition: u32) -> Option<pb::RequestHeader> {
 }
 
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    talon_meta::testing::pattern(seed, n)
 }
 
 struct Fx {

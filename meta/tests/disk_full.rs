@@ -14,15 +14,7 @@ const FILE_BYTES: usize = 200_000;
 
 /// File `i`'s contents: incompressible, so the disk really fills.
 fn body(i: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..FILE_BYTES)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    talon_meta::testing::pattern(i as u64, FILE_BYTES)
 }
 
 /// Waits until every partition's replica on node `id` has applied what its leader had.
@@ -52,6 +44,15 @@ async fn caught_up(cluster: &TestCluster, id: u64, partitions: u32) {
     }
 }
 
+/// A client of `cluster` and the directory `/d` the tests write in.
+async fn client_with_dir(cluster: &TestCluster) -> talon_client::Client {
+    let c = common::client(&cluster.addrs()).await;
+    c.mkdir("/d", talon_client::MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    c
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_full_node_does_not_stop_the_cluster() {
     // `RUST_LOG=warn` shows what the nodes say about their disks.
@@ -71,10 +72,7 @@ async fn one_full_node_does_not_stop_the_cluster() {
         .start()
         .await
         .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
-    c.mkdir("/d", talon_client::MkdirOptions::default())
-        .await
-        .expect("mkdir");
+    let c = client_with_dir(&cluster).await;
 
     // 50 MB, stored twice on every replica until a snapshot: more than node 3 holds.
     for i in 0..FILES {
@@ -131,10 +129,7 @@ async fn a_failed_partition_store_hands_over_and_recovers() {
         .start()
         .await
         .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
-    c.mkdir("/d", talon_client::MkdirOptions::default())
-        .await
-        .expect("mkdir");
+    let c = client_with_dir(&cluster).await;
     for i in 0..40 {
         c.write_file(format!("/d/a{i:02}"), b"before")
             .await
