@@ -423,12 +423,7 @@ impl Node {
         let Err(e) = self.space.check_room(me, p, incoming as u64) else {
             return Ok(());
         };
-        if self.config.replicas(p).len() > 1
-            && self
-                .space
-                .full_since()
-                .is_some_and(|t| t.elapsed() < self.handoff_window())
-        {
+        if self.handing_over(p) {
             return Err(TalonError::Retry(format!(
                 "{e}; handing partition {p} to a replica with room"
             )));
@@ -436,11 +431,17 @@ impl Node {
         Err(e)
     }
 
-    /// How long a full node waits for another replica to take its leaderships before it
-    /// answers ENOSPC itself: the followers' lease (an election timeout) and an election
-    /// or two.
-    fn handoff_window(&self) -> Duration {
-        Duration::from_millis(self.config.raft.election_timeout_max_ms * 6)
+    /// Whether this node, full, is handing partition `p` to another replica: `p` has
+    /// others, and the disk has been full for less than the window a hand-over takes (the
+    /// followers' lease, an election timeout, and an election or two). After it, if no
+    /// replica with room took over (all are full), this one leads again, answering ENOSPC.
+    fn handing_over(&self, p: u32) -> bool {
+        let window = Duration::from_millis(self.config.raft.election_timeout_max_ms * 6);
+        self.config.replicas(p).len() > 1
+            && self
+                .space
+                .full_since()
+                .is_some_and(|t| t.elapsed() < window)
     }
 
     /// One look at the data file system, and what the node does about it: say so when the
@@ -484,7 +485,12 @@ impl Node {
                 tracing::error!(node = me, "release the space reserve: {e}");
             }
         } else if r.level == Level::Ok {
-            if let Err(e) = self.space.hold_reserve() {
+            // Writing and syncing the reserve takes a second or two: not on a runtime worker.
+            let space = self.space.clone();
+            let held = tokio::task::spawn_blocking(move || space.hold_reserve())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = held {
                 tracing::warn!(node = me, "hold the space reserve: {e}");
             }
         }
@@ -501,14 +507,7 @@ impl Node {
                 }
                 continue;
             }
-            // Until the window ends: if no replica with room has taken over by then (all
-            // are full), this one leads again, answering ENOSPC.
-            let hand_over = self.config.replicas(*p).len() > 1
-                && self
-                    .space
-                    .full_since()
-                    .is_some_and(|t| t.elapsed() < self.handoff_window());
-            part.hand_over(hand_over);
+            part.hand_over(self.handing_over(*p));
         }
     }
 
@@ -612,18 +611,11 @@ pub fn decode_error(bytes: &[u8]) -> TalonError {
 }
 
 async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            _ = tick.tick() => {
-                // Abandoned at shutdown (see `data::gc_loop`); the final flush below redoes it.
-                if cancel.run_until_cancelled(node.flush_dir_touches()).await.is_none() {
-                    break;
-                }
-            }
-        }
-    }
+    // Abandoned at shutdown; the final flush below redoes it.
+    every(Duration::from_millis(50), &cancel, || {
+        node.flush_dir_touches()
+    })
+    .await;
     // One last, bounded try: a node stopping after its peers has no quorum left, and its
     // Raft write would wait forever. What does not land is lost (a relaxed directory's
     // mtime/nlink may stay stale, never its entries).
@@ -637,12 +629,23 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
 
 /// Watches the data file system every half second; stops on `cancel`.
 async fn space_loop(node: Arc<Node>, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    every(Duration::from_millis(500), &cancel, || node.space_round()).await;
+}
+
+/// Runs `round` every `period` until `cancel` fires. A round in progress is abandoned then:
+/// a node that stops after its peers has no quorum left, and a proposal would never end
+/// (nor `Node::shutdown`, which waits for the background tasks); the next start redoes it.
+pub async fn every<F, Fut>(period: Duration, cancel: &CancellationToken, mut round: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(period);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tick.tick() => {
-                if cancel.run_until_cancelled(node.space_round()).await.is_none() {
+                if cancel.run_until_cancelled(round()).await.is_none() {
                     break;
                 }
             }

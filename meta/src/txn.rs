@@ -227,18 +227,7 @@ impl Node {
 pub async fn recovery_loop(node: Arc<Node>, cancel: CancellationToken) {
     let period =
         Duration::from_millis((node.config.raft.txn_recovery_after_ms / 3).clamp(100, 1000));
-    let mut tick = tokio::time::interval(period);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            // Abandoned at shutdown (see `data::gc_loop`).
-            _ = tick.tick() => {
-                if cancel.run_until_cancelled(node.recover_stale()).await.is_none() {
-                    break;
-                }
-            }
-        }
-    }
+    crate::node::every(period, &cancel, || node.recover_stale()).await;
 }
 
 /// Turns an apply refusal into the caller's error.
