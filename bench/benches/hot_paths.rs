@@ -6,9 +6,8 @@
 //! - the path cache: a directory-path hit, a dentry hit and miss, an insert;
 //! - planning a batch: spreading a bulk load's names over the partitions.
 //!
-//! Server-side hot paths (key encoding, batch proposal encode/apply, packed-store append
-//! and read) live inside `talon-meta` and are not public API, so they are not benched
-//! here.
+//! The server's hot paths (key encoding, a batch proposal's encode and apply, the packed
+//! store's append and read) are in `server_paths.rs`.
 //!
 //! `cargo bench -p talon-bench --bench hot_paths`
 

@@ -9,6 +9,8 @@
 use crate::stats::{Latency, LatencySummary};
 use crate::target::Fs;
 use crate::tasks::{self, TaskOutcome, Ticker};
+use anyhow::Context;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -113,6 +115,58 @@ pub fn build(
     }
 }
 
+/// A read workload's tree: its top directory, its directories (parents first) and files.
+pub struct Tree {
+    /// The top directory, in the target's namespace.
+    pub top: String,
+    /// Directories below the top, parents before children.
+    pub dirs: Vec<String>,
+    /// The files, at the leaves.
+    pub files: Vec<FileSpec>,
+}
+
+impl Tree {
+    /// Makes the top directory and writes the tree with `tasks` threads.
+    pub fn build(&self, fs: &dyn Fs, tasks: usize, quiet: bool) -> anyhow::Result<BuildResult> {
+        fs.mkdir_all(&self.top)
+            .with_context(|| format!("make the tree's directory {}", self.top))?;
+        Ok(build(fs, &self.dirs, &self.files, tasks, quiet))
+    }
+
+    /// Runs `epochs` read epochs, each over every file in a new order drawn from `rng`
+    /// (after dropping caches when `cold`); returns them and the order of the last one.
+    pub fn read_epochs(
+        &self,
+        fs: &dyn Fs,
+        rng: &mut rand::rngs::StdRng,
+        epochs: u32,
+        workers: usize,
+        cold: bool,
+        quiet: bool,
+    ) -> anyhow::Result<(Vec<EpochResult>, Vec<&str>)> {
+        let mut order: Vec<&str> = self.files.iter().map(|f| f.path.as_str()).collect();
+        let mut out = Vec::new();
+        for e in 1..=epochs {
+            order.shuffle(rng);
+            if cold {
+                fs.drop_caches().context("drop caches")?;
+            }
+            out.push(read_epoch(fs, &order, workers, e, cold, quiet));
+        }
+        Ok((out, order))
+    }
+
+    /// Removes the tree (its top directory too when this run `built` it); returns the
+    /// calls that failed.
+    pub fn remove(&self, fs: &dyn Fs, tasks: usize, built: bool) -> u64 {
+        let errors = remove(fs, &self.dirs, &self.files, tasks);
+        if built {
+            let _ = fs.rmdir(&self.top);
+        }
+        errors
+    }
+}
+
 /// Removes `files`, then `dirs` children first (the reverse of their build order).
 pub fn remove(fs: &dyn Fs, dirs: &[String], files: &[FileSpec], tasks: usize) -> u64 {
     let next = AtomicUsize::new(0);
@@ -157,6 +211,10 @@ pub struct EpochResult {
     pub latency: LatencySummary,
     /// Reads that failed.
     pub errors: u64,
+    /// Server round trips per file read (open, read, close), for a target that counts them
+    /// (the client library); absent for a mounted path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trips_per_file: Option<f64>,
     /// The first failure, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
@@ -172,6 +230,7 @@ pub fn read_epoch(
     quiet: bool,
 ) -> EpochResult {
     let next = AtomicUsize::new(0);
+    let trips_before = fs.round_trips();
     let bar = tasks::progress(&format!("epoch {epoch}"), order.len() as u64, quiet);
     let run = tasks::run_phase(workers, |_| {
         let mut out = TaskOutcome::default();
@@ -206,6 +265,12 @@ pub fn read_epoch(
         }
     }
     let seconds = run.wall.as_secs_f64().max(1e-9);
+    let round_trips_per_file = match (trips_before, fs.round_trips()) {
+        (Some(a), Some(b)) if !order.is_empty() => {
+            Some(b.saturating_sub(a) as f64 / order.len() as f64)
+        }
+        _ => None,
+    };
     EpochResult {
         epoch,
         workers,
@@ -217,6 +282,7 @@ pub fn read_epoch(
         mb_per_sec: bytes as f64 / 1e6 / seconds,
         latency: lat.summary(),
         errors,
+        round_trips_per_file,
         first_error,
     }
 }
@@ -224,7 +290,7 @@ pub fn read_epoch(
 /// The epoch table's header and rows.
 pub fn epoch_table(epochs: &[EpochResult]) -> String {
     let mut s = format!(
-        "{:>5} {:>7} {:>5} {:>8} {:>11} {:>9} {:>8} {:>8} {:>9} {:>6}\n",
+        "{:>5} {:>7} {:>5} {:>8} {:>11} {:>9} {:>8} {:>8} {:>9} {:>6} {:>9}\n",
         "epoch",
         "workers",
         "cache",
@@ -234,11 +300,12 @@ pub fn epoch_table(epochs: &[EpochResult]) -> String {
         "p50 ms",
         "p99 ms",
         "p99.9 ms",
-        "errors"
+        "errors",
+        "RPCs/file"
     );
     for e in epochs {
         s.push_str(&format!(
-            "{:>5} {:>7} {:>5} {:>8} {:>11.1} {:>9.1} {:>8.3} {:>8.3} {:>9.3} {:>6}\n",
+            "{:>5} {:>7} {:>5} {:>8} {:>11.1} {:>9.1} {:>8.3} {:>8.3} {:>9.3} {:>6} {:>9}\n",
             e.epoch,
             e.workers,
             if e.cold { "cold" } else { "warm" },
@@ -248,7 +315,9 @@ pub fn epoch_table(epochs: &[EpochResult]) -> String {
             e.latency.p50_ms,
             e.latency.p99_ms,
             e.latency.p999_ms,
-            e.errors
+            e.errors,
+            e.round_trips_per_file
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}"))
         ));
     }
     s

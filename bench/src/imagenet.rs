@@ -16,7 +16,7 @@
 //! the shuffled files, so no file is read twice in one run unless the run needs more
 //! images than the tree holds.
 
-use crate::epoch::{self, BuildResult, EpochResult, FileSpec};
+use crate::epoch::{self, BuildResult, EpochResult, FileSpec, Tree};
 use crate::mdtest::shell_word;
 use crate::target::{self, Fs, PosixFs, TargetSpec};
 use anyhow::{bail, Context};
@@ -315,34 +315,25 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
     let fs = target::open(&spec)?;
     let top = target::work_dir(args.target.as_ref(), &args.dir);
     let (dirs, files) = tree(&top, args);
+    let tree = Tree { top, dirs, files };
     let build = if args.no_build {
         None
     } else if args.import {
-        Some(import_tree(fs.as_ref(), &top, args)?)
+        Some(import_tree(fs.as_ref(), &tree.top, args)?)
     } else {
-        fs.mkdir_all(&top)
-            .with_context(|| format!("make the tree's directory {top}"))?;
-        Some(epoch::build(
-            fs.as_ref(),
-            &dirs,
-            &files,
-            args.build_tasks,
-            args.quiet,
-        ))
+        Some(tree.build(fs.as_ref(), args.build_tasks, args.quiet)?)
     };
-    let mut errors = build.as_ref().map_or(0, |b| b.errors);
     let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-    let mut order: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    let mut epochs = Vec::new();
-    for e in 1..=args.epochs {
-        order.shuffle(&mut rng);
-        if args.cold {
-            fs.drop_caches().context("drop caches")?;
-        }
-        let r = epoch::read_epoch(fs.as_ref(), &order, args.workers, e, args.cold, args.quiet);
-        errors += r.errors;
-        epochs.push(r);
-    }
+    let (epochs, mut order) = tree.read_epochs(
+        fs.as_ref(),
+        &mut rng,
+        args.epochs,
+        args.workers,
+        args.cold,
+        args.quiet,
+    )?;
+    let mut errors = build.as_ref().map_or(0, |b| b.errors);
+    errors += epochs.iter().map(|e| e.errors).sum::<u64>();
     let mut loader = Vec::new();
     for &a in &args.accelerators {
         order.shuffle(&mut rng);
@@ -359,10 +350,7 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
         .map(|l| l.accelerators)
         .max();
     if !args.keep {
-        errors += epoch::remove(fs.as_ref(), &dirs, &files, args.build_tasks);
-        if !args.no_build {
-            let _ = fs.rmdir(&top);
-        }
+        errors += tree.remove(fs.as_ref(), args.build_tasks, !args.no_build);
     }
     Ok(ImagenetReport {
         workload: "imagenet",
@@ -371,9 +359,9 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
             .target
             .as_ref()
             .map_or_else(|| "local".to_string(), |t| t.to_string()),
-        dir: top,
-        files: files.len() as u64,
-        bytes: files.iter().map(|f| f.len as u64).sum(),
+        files: tree.files.len() as u64,
+        bytes: tree.files.iter().map(|f| f.len as u64).sum(),
+        dir: tree.top,
         classes: args.classes,
         build,
         epochs,

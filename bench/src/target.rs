@@ -103,6 +103,12 @@ pub trait Fs: Send + Sync {
     /// to the storage or servers: the page cache for POSIX (needs root), a fresh client
     /// (empty path cache) for the library.
     fn drop_caches(&self) -> io::Result<()>;
+    /// Server round trips made so far, where the target can count them: the client
+    /// library's RPC counter (`Client::rpc_count`). `None` for a mounted path, whose round
+    /// trips happen inside another process.
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
     /// Copies the local tree at `src` into `dst` with the target's own bulk loader, if it
     /// has one (`None` otherwise): Talon's `import`, the path `talon import` takes.
     fn bulk_import(&self, _src: &Path, _dst: &str) -> Option<io::Result<Imported>> {
@@ -376,6 +382,10 @@ impl Fs for TalonFs {
             Err(poisoned) => *poisoned.into_inner() = fresh,
         }
         Ok(())
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.client().rpc_count())
     }
 
     fn bulk_import(&self, src: &Path, dst: &str) -> Option<io::Result<Imported>> {

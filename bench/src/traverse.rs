@@ -12,11 +12,10 @@
 //! not reported; the latency percentiles show the same thing indirectly (a warm path
 //! cache makes an open one round trip).
 
-use crate::epoch::{self, BuildResult, EpochResult, FileSpec};
+use crate::epoch::{self, BuildResult, EpochResult, FileSpec, Tree};
 use crate::mdtest::shell_word;
 use crate::target::{self, TargetSpec};
 use anyhow::{bail, Context};
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -225,37 +224,25 @@ pub fn run(args: &TraverseArgs) -> anyhow::Result<TraverseReport> {
     let fs = target::open(&spec)?;
     let top = target::work_dir(args.target.as_ref(), &args.dir);
     let (dirs, files) = tree(&top, args);
+    let tree = Tree { top, dirs, files };
     let build = if args.no_build {
         None
     } else {
-        fs.mkdir_all(&top)
-            .with_context(|| format!("make the tree's directory {top}"))?;
-        Some(epoch::build(
-            fs.as_ref(),
-            &dirs,
-            &files,
-            args.build_tasks,
-            args.quiet,
-        ))
+        Some(tree.build(fs.as_ref(), args.build_tasks, args.quiet)?)
     };
-    let mut errors = build.as_ref().map_or(0, |b| b.errors);
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let mut order: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
-    let mut epochs = Vec::new();
-    for e in 1..=args.epochs {
-        order.shuffle(&mut rng);
-        if args.cold {
-            fs.drop_caches().context("drop caches")?;
-        }
-        let r = epoch::read_epoch(fs.as_ref(), &order, args.workers, e, args.cold, args.quiet);
-        errors += r.errors;
-        epochs.push(r);
-    }
+    let (epochs, _) = tree.read_epochs(
+        fs.as_ref(),
+        &mut rng,
+        args.epochs,
+        args.workers,
+        args.cold,
+        args.quiet,
+    )?;
+    let mut errors = build.as_ref().map_or(0, |b| b.errors);
+    errors += epochs.iter().map(|e| e.errors).sum::<u64>();
     if !args.keep {
-        errors += epoch::remove(fs.as_ref(), &dirs, &files, args.build_tasks);
-        if !args.no_build {
-            let _ = fs.rmdir(&top);
-        }
+        errors += tree.remove(fs.as_ref(), args.build_tasks, !args.no_build);
     }
     Ok(TraverseReport {
         workload: "traverse",
@@ -264,10 +251,10 @@ pub fn run(args: &TraverseArgs) -> anyhow::Result<TraverseReport> {
             .target
             .as_ref()
             .map_or_else(|| "local".to_string(), |t| t.to_string()),
-        dir: top,
         depth: args.depth,
-        dirs: dirs.len() as u64,
-        files: files.len() as u64,
+        dirs: tree.dirs.len() as u64,
+        files: tree.files.len() as u64,
+        dir: tree.top,
         build,
         epochs,
         errors,

@@ -122,6 +122,10 @@ fn traverse_reads_every_leaf_file_and_cleans_up() {
     assert_eq!((report.dirs, report.files), (2 + 4 + 8 + 16, 48));
     for e in &report.epochs {
         assert_eq!((e.files, e.bytes), (48, 4800));
+        assert_eq!(
+            e.round_trips_per_file, None,
+            "a mounted path counts no RPCs"
+        );
     }
     assert!(!tmp.path().join("deep").exists());
 }
@@ -196,6 +200,23 @@ fn read_workloads_through_the_library() {
     .expect("traverse");
     assert_eq!(report.errors, 0);
     assert_eq!(report.epochs[1].bytes, 160);
+    // The library counts its round trips: a whole-file read needs at least one (the body
+    // is not cached in the client), and a path resolved from a cold cache needs more.
+    for e in &report.epochs {
+        let trips = e
+            .round_trips_per_file
+            .expect("the library counts round trips");
+        assert!(
+            trips >= 1.0,
+            "epoch {}: {trips} round trips per file",
+            e.epoch
+        );
+    }
+    let json = serde_json::to_value(&report).expect("json");
+    assert!(
+        json["epochs"][0]["round_trips_per_file"].is_number(),
+        "{json}"
+    );
     let gone = rt.block_on(client.stat("/deep"));
     assert!(gone.is_err(), "the tree is removed");
     rt.block_on(cluster.shutdown());

@@ -173,6 +173,13 @@ impl Client {
         self.cache().sizes()
     }
 
+    /// Server round trips this client has made so far (every RPC attempt, retries and
+    /// cluster-map fetches included, the first map fetch at connect excluded). Read it
+    /// before and after a workload to count the round trips each operation cost.
+    pub fn rpc_count(&self) -> u64 {
+        self.router().rpc_count()
+    }
+
     /// The root directory's ino.
     pub fn root(&self) -> Ino {
         self.router().map().root_ino

@@ -111,6 +111,8 @@ pub struct Router {
     /// Serialises cluster-map refreshes so a burst of WrongPartition answers fetches once.
     refresh: tokio::sync::Mutex<()>,
     opts: ClientOptions,
+    /// RPC attempts sent so far, retries and cluster-map fetches included.
+    rpcs: AtomicU64,
 }
 
 fn endpoint(addr: &str, opts: &ClientOptions) -> Result<Endpoint, String> {
@@ -170,6 +172,7 @@ impl Router {
                             round_robin: AtomicUsize::new(rand::random::<u32>() as usize),
                             refresh: tokio::sync::Mutex::new(()),
                             opts: opts.clone(),
+                            rpcs: AtomicU64::new(0),
                         });
                     }
                     Err(TalonError::Invalid(m)) => return Err(ClientError::BadClusterMap(m)),
@@ -253,6 +256,7 @@ impl Router {
         }
         let mut last = TalonError::Unavailable("no node to ask for the cluster map".into());
         for a in addrs {
+            self.rpcs.fetch_add(1, Ordering::Relaxed);
             match fetch_map(self.channel(&a)).await {
                 Ok(map) => {
                     let epoch = map.epoch;
@@ -299,6 +303,14 @@ impl Router {
         state.set_leader(p, hinted.unwrap_or(0));
     }
 
+    /// RPC attempts this router has sent: every attempt of [`Router::call`] (retries
+    /// included), every [`Router::call_node`] and every cluster-map fetch after connecting.
+    /// A benchmark divides its change over a workload by the operations it made to get
+    /// the round trips each one cost.
+    pub fn rpc_count(&self) -> u64 {
+        self.rpcs.load(Ordering::Relaxed)
+    }
+
     /// Sends one RPC to node `id` without routing or retries (used for `Status`).
     pub async fn call_node<T, F, Fut>(&self, id: u64, f: F) -> Result<T, TalonError>
     where
@@ -311,6 +323,7 @@ impl Router {
             .node(id)
             .ok_or_else(|| TalonError::Invalid(format!("no node {id} in the cluster map")))?;
         let client = NamespaceClient::new(self.channel(&node.addr));
+        self.rpcs.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(self.opts.request_timeout, f(client)).await {
             Ok(r) => r.map(|r| r.into_inner()).map_err(TalonError::from),
             Err(_) => Err(TalonError::Unavailable(format!(
@@ -367,6 +380,7 @@ impl Router {
                 continue;
             };
             let client = NamespaceClient::new(self.channel(&node.addr));
+            self.rpcs.fetch_add(1, Ordering::Relaxed);
             let remaining = deadline.saturating_duration_since(Instant::now());
             let outcome = match tokio::time::timeout(remaining, f(client)).await {
                 Ok(r) => r,

@@ -21,6 +21,7 @@ use crate::apply::{dec, BodyRec, ChunkRec, InodeRec};
 use crate::keys;
 use crate::node::{storage_error, Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
+use crate::sm::SmStore;
 use crate::types::{Command, CommandResult, Layout, Op};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,8 +58,17 @@ pub fn read_local(
     ino: Ino,
     want_body: bool,
 ) -> Result<Option<OpenFile>, TalonError> {
-    let got = part
-        .store
+    read_stored(&part.store, ino, want_body)
+}
+
+/// What [`read_local`] reads, from a partition replica's store: the packed store's read
+/// path (one point-in-time view, the inode, the body and its checksum).
+pub fn read_stored(
+    store: &SmStore,
+    ino: Ino,
+    want_body: bool,
+) -> Result<Option<OpenFile>, TalonError> {
+    let got = store
         .read(|v| {
             let Some(rec) = v.inode(ino)? else {
                 return Ok(None);
@@ -83,7 +93,7 @@ pub fn read_local(
         Some(None) => Some(Vec::new()),
         Some(Some(b)) if b.verify() => Some(b.data),
         Some(Some(_)) => {
-            tracing::error!(ino = %ino, partition = part.id, "checksum mismatch in the body of inode {ino}");
+            tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
             return Err(posix(
                 Errno::EIO,
                 format!("checksum mismatch in the body of inode {ino}"),
