@@ -307,3 +307,62 @@ async fn strict_listings_never_see_half_a_rename() {
     assert!(pairs >= ROUNDS);
     fx.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replacing_renames_onto_a_busy_name_never_fail() {
+    // Fault-test finding F2: writers replace one key with `rename(tmp, key)` while another
+    // client unlinks the key. A rename without flags replaces whatever is at its
+    // destination, or takes the free name, so with its own source in place it answers
+    // neither EEXIST nor ENOENT, whatever the other clients do to the destination between
+    // the server's plan and its commit. In both classes: a strict directory's entries
+    // share one partition, a relaxed one's spread over several (a two-phase commit).
+    const WRITERS: usize = 3;
+    const ROUNDS: usize = 60;
+    let fx = Fixture::start(3).await;
+    let mut writers = Vec::new();
+    for _ in 0..WRITERS {
+        writers.push(fx.other_client().await);
+    }
+    let unlinker = fx.other_client().await;
+    for class in [Class::Strict, Class::Relaxed] {
+        let dir = format!("/{}", format!("{class:?}").to_lowercase());
+        let opts = MkdirOptions {
+            class: Some(class),
+            ..MkdirOptions::default()
+        };
+        fx.client.mkdir(&dir, opts).await.expect("mkdir");
+        let key = format!("{dir}/key");
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let writes = writers.iter().enumerate().map(|(w, c)| {
+            let (dir, key, done) = (&dir, &key, &done);
+            async move {
+                for round in 0..ROUNDS {
+                    let tmp = format!("{dir}/tmp{w}");
+                    c.write_file(&tmp, format!("{w}.{round}").as_bytes())
+                        .await
+                        .unwrap_or_else(|e| {
+                            panic!("{class:?}: writer {w} round {round}: write: {e}")
+                        });
+                    c.rename(&tmp, key).await.unwrap_or_else(|e| {
+                        panic!("{class:?}: writer {w} round {round}: rename onto the key: {e}")
+                    });
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        let unlinks = async {
+            let mut removed = 0;
+            while done.load(std::sync::atomic::Ordering::SeqCst) < WRITERS {
+                match unlinker.unlink(&key).await {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.errno() == Errno::ENOENT => tokio::task::yield_now().await,
+                    Err(e) => panic!("{class:?}: unlink the key: {e}"),
+                }
+            }
+            removed
+        };
+        let (_, removed) = tokio::join!(futures::future::join_all(writes), unlinks);
+        assert!(removed > 0, "{class:?}: the unlinker never found the key");
+    }
+    fx.shutdown().await;
+}

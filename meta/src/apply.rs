@@ -545,6 +545,14 @@ impl Applier {
                                 name_str(name)
                             ))))
                         }
+                        (Expect::AsPlanned(planned), cur)
+                            if cur.as_ref().map(|d| d.ino) != *planned =>
+                        {
+                            return Ok(Err(ApplyError::Locked(format!(
+                                "entry {} changed under the operation",
+                                name_str(name)
+                            ))))
+                        }
                         _ => {}
                     }
                 }

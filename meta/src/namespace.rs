@@ -61,6 +61,18 @@ where
     Err(last)
 }
 
+/// What a rename requires of its destination entry at commit, given what its plan read
+/// there (`planned`). A plain rename replaces whatever is there, or takes the free name, so
+/// any change re-plans it; NOREPLACE answers EEXIST if a name appeared; EXCHANGE answers
+/// ENOENT if its partner went.
+fn destination_guard(planned: Option<Ino>, flags: u32) -> Expect {
+    match planned {
+        _ if flags & (RENAME_NOREPLACE | RENAME_EXCHANGE) == 0 => Expect::AsPlanned(planned),
+        Some(ino) => Expect::Ino(ino),
+        None => Expect::Absent,
+    }
+}
+
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
@@ -728,10 +740,7 @@ impl Node {
             Op::ExpectDentry {
                 parent: dp,
                 name: dn.to_vec(),
-                expect: dst
-                    .as_ref()
-                    .map(|d| Expect::Ino(d.ino))
-                    .unwrap_or(Expect::Absent),
+                expect: destination_guard(dst.as_ref().map(|d| d.ino), flags),
             },
         ]);
         // The source name goes away, or (exchange) points at the destination's inode.

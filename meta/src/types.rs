@@ -51,6 +51,12 @@ pub enum Expect {
     Absent,
     /// An entry pointing at exactly this ino.
     Ino(Ino),
+    /// Still what the plan read (`None`: no entry). Any change, an entry appearing, going
+    /// or pointing elsewhere, makes the plan stale (it is made again), never an errno: the
+    /// guard of a rename that replaces whatever its destination holds, for which neither
+    /// EEXIST nor ENOENT is a valid answer. Last in the enum, so logs written before it
+    /// existed still decode.
+    AsPlanned(Option<Ino>),
 }
 
 /// The ino a new dentry points at: an existing inode, or one allocated by a `NewInode` of
