@@ -35,12 +35,17 @@ pub struct StorageConfig {
     /// writes beyond it are flushed. Capped at half the space reserve, so that what a
     /// restart must flush fits in the room the reserve gives back.
     pub write_buffer_bytes: u64,
+    /// Read cache of the whole node, in memory: blocks of every store and small-file bodies
+    /// (blobs) of every partition, least recently used out first. 0: RocksDB's default
+    /// block cache per store and no cache of bodies.
+    pub cache_bytes: u64,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
             write_buffer_bytes: 128 << 20,
+            cache_bytes: 256 << 20,
         }
     }
 }

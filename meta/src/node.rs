@@ -136,7 +136,8 @@ impl Node {
         let tuning = crate::tuning::Tuning::with_budget(crate::tuning::Tuning::budget_for(
             config.storage.write_buffer_bytes,
             reserve,
-        ));
+        ))
+        .with_cache(config.storage.cache_bytes);
         let cancel = CancellationToken::new();
         let gate = crate::raft_log::LogGate {
             space: space.clone(),

@@ -48,6 +48,7 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
 fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     let mut o = Options::default();
     tuning.apply(&mut o);
+    tuning.apply_blob_cache(&mut o);
     o.create_if_missing(true);
     o.set_max_background_jobs(2);
     o.set_keep_log_file_num(2);

@@ -1,13 +1,16 @@
 //! RocksDB settings shared by all of a node's stores (its Raft log and every partition's
-//! state): one memtable budget for the node instead of a default 64 MiB per store.
+//! state): one memtable budget for the node instead of a default 64 MiB per store, and one
+//! read cache for the node instead of a default block cache per store.
 //!
 //! Owns the budget and each store's memtable size, derived from `[storage]` and the space
-//! reserve. Bounding unflushed data matters beyond memory: RocksDB replays and flushes a
+//! reserve, and the node's LRU cache (`[storage] cache_bytes`): the block cache of every
+//! store, and the blob cache of the partitions' stores, where small-file bodies live, so
+//! a dataset that fits in it is read from memory whatever the kernel's page cache holds. Bounding unflushed data matters beyond memory: RocksDB replays and flushes a
 //! store's WAL when it opens, which needs room on disk for about that much, so a node on a
 //! full disk restarts only if its unflushed data fits in what the reserve gives back (see
 //! `crate::space`). Must not open stores itself.
 
-use rocksdb::{Options, WriteBufferManager};
+use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
 
 /// The smallest memtable a store gets.
 const MIN_WRITE_BUFFER: usize = 1 << 20;
@@ -17,14 +20,20 @@ const MIN_WRITE_BUFFER: usize = 1 << 20;
 pub struct Tuning {
     budget: Option<WriteBufferManager>,
     write_buffer_size: usize,
+    cache: Option<Cache>,
 }
 
 impl std::fmt::Debug for Tuning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Tuning(write buffers of {} bytes)",
-            self.write_buffer_size
+            "Tuning(write buffers of {} bytes, {} cache)",
+            self.write_buffer_size,
+            if self.cache.is_some() {
+                "a shared"
+            } else {
+                "the default"
+            }
         )
     }
 }
@@ -37,7 +46,18 @@ impl Tuning {
         Tuning {
             budget: Some(WriteBufferManager::new_write_buffer_manager(bytes, false)),
             write_buffer_size: (bytes / 4).max(MIN_WRITE_BUFFER),
+            cache: None,
         }
+    }
+
+    /// The same, with one LRU cache of `bytes` for every store's blocks and the partitions'
+    /// blobs (0: each store keeps RocksDB's default block cache and no blob cache).
+    pub fn with_cache(mut self, bytes: u64) -> Tuning {
+        if bytes > 0 {
+            let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+            self.cache = Some(Cache::new_lru_cache(bytes));
+        }
+        self
     }
 
     /// The memtable budget of a node: `configured`, but no more than half of a non-zero
@@ -49,13 +69,26 @@ impl Tuning {
         configured.min((reserve / 2).max(2 * MIN_WRITE_BUFFER as u64))
     }
 
-    /// Sets `o`'s memtable size and budget.
+    /// Sets `o`'s memtable size and budget, and its block cache.
     pub fn apply(&self, o: &mut Options) {
         if self.write_buffer_size > 0 {
             o.set_write_buffer_size(self.write_buffer_size);
         }
         if let Some(b) = &self.budget {
             o.set_write_buffer_manager(b);
+        }
+        if let Some(c) = &self.cache {
+            let mut table = BlockBasedOptions::default();
+            table.set_block_cache(c);
+            o.set_block_based_table_factory(&table);
+        }
+    }
+
+    /// Also caches `o`'s blobs (values kept in blob files: small-file bodies) in the
+    /// node's cache. Not for the Raft log, whose blobs are read once, by a lagging peer.
+    pub fn apply_blob_cache(&self, o: &mut Options) {
+        if let Some(c) = &self.cache {
+            o.set_blob_cache(c);
         }
     }
 }
