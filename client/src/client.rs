@@ -98,6 +98,13 @@ pub(crate) fn header(partition: u32, read: ReadKind, epoch: u64) -> Option<pb::R
             epoch: 0,
             relaxed_read: true,
         },
+        // Served like a relaxed read (no ReadIndex), by the leader the router picks, and
+        // checked against the client's epoch like a strict one.
+        ReadKind::SessionRead => pb::RequestHeader {
+            partition,
+            epoch,
+            relaxed_read: true,
+        },
         _ => pb::RequestHeader {
             partition,
             epoch,
@@ -212,8 +219,8 @@ impl Client {
         self.cache().forget_attr(dir);
     }
 
-    /// `read`, upgraded from relaxed to strict when this client wrote to `p` recently
-    /// enough that a follower may not have its change yet.
+    /// `read`, upgraded from relaxed to a session read (served by the leader) when this
+    /// client wrote to `p` recently enough that a follower may not have its change yet.
     pub(crate) fn read_for(&self, p: u32, read: ReadKind) -> ReadKind {
         if read != ReadKind::RelaxedRead {
             return read;
@@ -224,7 +231,7 @@ impl Client {
         let t = t.load(Ordering::Relaxed);
         let window = self.inner.session_window.as_millis() as u64;
         if t != 0 && self.now_ms().saturating_sub(t) < window {
-            ReadKind::StrictRead
+            ReadKind::SessionRead
         } else {
             read
         }

@@ -3,8 +3,9 @@
 //! The router owns the cluster map, one lazily connected channel per node address, and a
 //! leader hint per partition. [`Router::call`] runs one logical request:
 //!
-//! - writes and strict reads go to the partition's hinted leader, or to its replicas in
-//!   turn while no leader is known; relaxed reads go to any replica, round-robin;
+//! - writes, strict reads and session reads go to the partition's hinted leader, or to its
+//!   replicas in turn while no leader is known; relaxed reads go to any replica,
+//!   round-robin;
 //! - `NotLeader` switches to the named leader at once (or to the next replica);
 //!   `Unavailable` and transport failures move to the next replica after a short backoff;
 //!   `Retry` backs off (5 ms doubling to 200 ms) and asks again; `WrongPartition` refreshes
@@ -70,6 +71,12 @@ pub enum ReadKind {
     StrictRead,
     /// A read any replica may serve within the staleness bound.
     RelaxedRead,
+    /// A relaxed read that must reflect this client's own recent writes (session
+    /// consistency): it goes to the partition's leader, which serves it from its applied
+    /// state without a ReadIndex round. A leader that has applied an entry of its own term
+    /// has applied every write any leader acknowledged, and a write is acknowledged only
+    /// once its leader applied it.
+    SessionRead,
 }
 
 /// The cluster map plus the leader hints learnt since it was fetched.

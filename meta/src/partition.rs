@@ -110,17 +110,22 @@ impl Partition {
     }
 
     /// True if a relaxed read may be served from this replica's state: a leader heard
-    /// from a quorum within `bound`, or a follower heard from its leader within `bound`
-    /// and has applied what that leader had committed then.
+    /// from a quorum within `bound` and applied an entry of its own term (so it has
+    /// applied every entry committed before its term: every write any earlier leader
+    /// acknowledged, which a client's session read relies on), or a follower heard from
+    /// its leader within `bound` and has applied what that leader had committed then.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         let m = self.raft.metrics().borrow().clone();
         if m.running_state.is_err() {
             return false;
         }
         if m.state == ServerState::Leader {
-            return m
-                .millis_since_quorum_ack
-                .is_some_and(|ms| ms < bound.as_millis() as u64);
+            let applied_own_term = m
+                .last_applied
+                .is_some_and(|l| l.leader_id.term == m.current_term);
+            return applied_own_term
+                && m.millis_since_quorum_ack
+                    .is_some_and(|ms| ms < bound.as_millis() as u64);
         }
         let contact = *self
             .leader_contact
