@@ -69,7 +69,7 @@ impl Tuning {
         configured.min((reserve / 2).max(2 * MIN_WRITE_BUFFER as u64))
     }
 
-    /// Sets `o`'s memtable size and budget, and its block cache.
+    /// Sets `o`'s memtable size and budget, its bloom filters and its block cache.
     pub fn apply(&self, o: &mut Options) {
         if self.write_buffer_size > 0 {
             o.set_write_buffer_size(self.write_buffer_size);
@@ -77,11 +77,19 @@ impl Tuning {
         if let Some(b) = &self.budget {
             o.set_write_buffer_manager(b);
         }
+        // A bloom filter per table file: a point read (an inode, a dentry, a body) skips the
+        // files that cannot hold its key, and a create's "name absent" check does not read
+        // an index block of every level-0 file once memtables have been flushed.
+        let mut table = BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
         if let Some(c) = &self.cache {
-            let mut table = BlockBasedOptions::default();
             table.set_block_cache(c);
-            o.set_block_based_table_factory(&table);
+            // Index and filter blocks count against the node's cache rather than growing
+            // with the number of files; level 0's, read by every lookup, stay pinned.
+            table.set_cache_index_and_filter_blocks(true);
+            table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         }
+        o.set_block_based_table_factory(&table);
     }
 
     /// Also caches `o`'s blobs (values kept in blob files: small-file bodies) in the
