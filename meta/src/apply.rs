@@ -179,6 +179,22 @@ impl<'a> View<'a> {
         })
     }
 
+    /// Reads a value that carries a checksum of its own, which the caller verifies (a
+    /// small file's body, a chunk): RocksDB does not verify its block and blob checksums
+    /// again on this read. Its software CRC32C over every 110 KB body cost about 6 % of the
+    /// server's CPU in a warm image epoch, for bytes the caller checks anyway.
+    pub fn get_self_checked(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
+        if let Some(v) = self.staged(k) {
+            return Ok(v.clone());
+        }
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_verify_checksums(false);
+        Ok(match self.snap {
+            Some(s) => s.get_opt(k, opts)?,
+            None => self.db.get_opt(k, &opts)?,
+        })
+    }
+
     fn staged(&self, k: &[u8]) -> Option<&Option<Vec<u8>>> {
         self.own.get(k).or_else(|| self.base.get(k))
     }

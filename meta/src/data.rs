@@ -74,7 +74,7 @@ pub fn read_stored(
                 return Ok(None);
             };
             let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout.is_none() {
-                match v.get(&keys::body(ino))? {
+                match v.get_self_checked(&keys::body(ino))? {
                     Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
                     None => Some(None),
                 }
@@ -247,11 +247,17 @@ impl Node {
         let part = self.local(p)?;
         self.read_guard(part, relaxed, 0).await?;
         let key = keys::chunk(ino, write_id, index);
-        let mut raw = part.store.read(|v| v.get(&key)).map_err(storage_error)?;
+        let mut raw = part
+            .store
+            .read(|v| v.get_self_checked(&key))
+            .map_err(storage_error)?;
         if raw.is_none() && relaxed {
             // A lagging follower may not have it yet: ask as the leader.
             part.linearizable().await?;
-            raw = part.store.read(|v| v.get(&key)).map_err(storage_error)?;
+            raw = part
+                .store
+                .read(|v| v.get_self_checked(&key))
+                .map_err(storage_error)?;
         }
         let raw = raw.ok_or_else(|| {
             posix(
