@@ -5,9 +5,11 @@
 //! Owns the budget and each store's memtable size, derived from `[storage]` and the space
 //! reserve, and the node's LRU cache (`[storage] cache_bytes`): the block cache of every
 //! store, and the blob cache of the partitions' stores, where small-file bodies live, so
-//! a dataset that fits in it is read from memory whatever the kernel's page cache holds. Bounding unflushed data matters beyond memory: RocksDB replays and flushes a
-//! store's WAL when it opens, which needs room on disk for about that much, so a node on a
-//! full disk restarts only if its unflushed data fits in what the reserve gives back (see
+//! a dataset that fits in it is read from memory whatever the kernel's page cache holds.
+//!
+//! Bounding unflushed data matters beyond memory: RocksDB replays and flushes a store's WAL
+//! when it opens, which needs room on disk for about that much, so a node on a full disk
+//! restarts only if its unflushed data fits in what the reserve gives back (see
 //! `crate::space`). Must not open stores itself.
 
 use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
