@@ -25,6 +25,7 @@ use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
 use crate::router::{track_doubt, ReadKind, Router};
+use crate::transport::LocalNode;
 use crate::types::{
     CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
 };
@@ -133,7 +134,27 @@ impl Client {
     /// Connects to the cluster through any of `seeds` (`host:port`), fetching the cluster
     /// map. Node channels connect lazily, on first use.
     pub async fn connect(seeds: &[String], opts: ClientOptions) -> Result<Client, ClientError> {
-        let router = Router::connect(seeds, &opts).await?;
+        Self::connect_with(seeds, opts, None).await
+    }
+
+    /// As [`Client::connect`], for a process that also serves `local`, a node of the
+    /// cluster: its RPCs are direct calls into that node's service rather than network
+    /// round trips (`talon up` mounts its own node this way). Its address should be one of
+    /// `seeds`, so that even the cluster map is fetched without the network.
+    pub async fn connect_local(
+        seeds: &[String],
+        opts: ClientOptions,
+        local: LocalNode,
+    ) -> Result<Client, ClientError> {
+        Self::connect_with(seeds, opts, Some(local)).await
+    }
+
+    async fn connect_with(
+        seeds: &[String],
+        opts: ClientOptions,
+        local: Option<LocalNode>,
+    ) -> Result<Client, ClientError> {
+        let router = Router::connect(seeds, &opts, local).await?;
         let map = router.map();
         let ttl = opts.relaxed_ttl.unwrap_or(map.relaxed_staleness);
         let cache = PathCache::new(map.epoch, ttl, opts.cache_capacity);
@@ -245,7 +266,7 @@ impl Client {
         f: F,
     ) -> Result<T, TalonError>
     where
-        F: Fn(pb::namespace_client::NamespaceClient<tonic::transport::Channel>) -> Fut,
+        F: Fn(pb::namespace_client::NamespaceClient<crate::transport::Conn>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         if read == ReadKind::Write {

@@ -32,6 +32,7 @@ pub mod path_cache;
 pub mod paths;
 pub mod router;
 pub mod transfer;
+pub mod transport;
 pub mod types;
 #[cfg(feature = "server")]
 pub mod up;
@@ -46,6 +47,7 @@ pub use import::{ImportOptions, ImportProgress, ImportSummary};
 pub use options::ClientOptions;
 pub use router::ReadKind;
 pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+pub use transport::LocalNode;
 pub use types::{
     CreateSpec, DirEntry, MkdirOptions, NodeSpace, NodeStatus, PartitionStatus, RenameFlags,
     SetAttr, StatFs, TimeSet, XattrFlags,

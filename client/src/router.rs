@@ -25,6 +25,7 @@
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
+use crate::transport::{Conn, LocalNode};
 use dashmap::DashMap;
 use std::cell::Cell;
 use std::future::Future;
@@ -35,7 +36,7 @@ use talon_model::TalonError;
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 /// First pause after a `Retry` or an unreachable replica.
 const BACKOFF_START: Duration = Duration::from_millis(5);
@@ -112,7 +113,7 @@ impl MapState {
 pub struct Router {
     seeds: Vec<String>,
     state: RwLock<Arc<MapState>>,
-    channels: DashMap<String, Channel>,
+    channels: DashMap<String, Conn>,
     /// Spreads relaxed reads over replicas.
     round_robin: AtomicUsize,
     /// Serialises cluster-map refreshes so a burst of WrongPartition answers fetches once.
@@ -145,7 +146,13 @@ fn endpoint(addr: &str, opts: &ClientOptions) -> Result<Endpoint, String> {
 
 impl Router {
     /// Fetches the cluster map from the first seed that answers and returns a router over it.
-    pub async fn connect(seeds: &[String], opts: &ClientOptions) -> Result<Router, ClientError> {
+    /// `local`, if given, is a node of the cluster served in this process: RPCs for it
+    /// skip the network ([`crate::transport`]).
+    pub async fn connect(
+        seeds: &[String],
+        opts: &ClientOptions,
+        local: Option<LocalNode>,
+    ) -> Result<Router, ClientError> {
         let seeds: Vec<String> = seeds
             .iter()
             .map(|s| s.trim())
@@ -162,6 +169,9 @@ impl Router {
             })?;
         }
         let channels = DashMap::new();
+        if let Some(l) = local {
+            channels.insert(l.addr().to_string(), Conn::Local(l));
+        }
         let mut last = TalonError::Unavailable("no seed tried".into());
         let deadline = Instant::now() + opts.op_timeout;
         // A freshly started cluster may not have elected partition 0's leader yet, and the
@@ -197,11 +207,7 @@ impl Router {
         }
     }
 
-    fn channel_in(
-        channels: &DashMap<String, Channel>,
-        addr: &str,
-        opts: &ClientOptions,
-    ) -> Channel {
+    fn channel_in(channels: &DashMap<String, Conn>, addr: &str, opts: &ClientOptions) -> Conn {
         if let Some(c) = channels.get(addr) {
             return c.clone();
         }
@@ -211,10 +217,13 @@ impl Router {
             Ok(e) => e.connect_lazy(),
             Err(_) => Endpoint::from_static("http://invalid.invalid:1").connect_lazy(),
         };
-        channels.entry(addr.to_string()).or_insert(ch).clone()
+        channels
+            .entry(addr.to_string())
+            .or_insert(Conn::Net(ch))
+            .clone()
     }
 
-    fn channel(&self, addr: &str) -> Channel {
+    fn channel(&self, addr: &str) -> Conn {
         Self::channel_in(&self.channels, addr, &self.opts)
     }
 
@@ -321,7 +330,7 @@ impl Router {
     /// Sends one RPC to node `id` without routing or retries (used for `Status`).
     pub async fn call_node<T, F, Fut>(&self, id: u64, f: F) -> Result<T, TalonError>
     where
-        F: FnOnce(NamespaceClient<Channel>) -> Fut,
+        F: FnOnce(NamespaceClient<Conn>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let state = self.state();
@@ -348,7 +357,7 @@ impl Router {
         f: F,
     ) -> Result<T, TalonError>
     where
-        F: Fn(NamespaceClient<Channel>) -> Fut,
+        F: Fn(NamespaceClient<Conn>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let deadline = Instant::now() + self.opts.op_timeout;
@@ -472,7 +481,7 @@ impl Router {
     }
 }
 
-async fn fetch_map(ch: Channel) -> Result<ClusterMap, TalonError> {
+async fn fetch_map(ch: Conn) -> Result<ClusterMap, TalonError> {
     let mut client = NamespaceClient::new(ch);
     let reply = client
         .get_cluster_map(pb::ClusterMapRequest {})

@@ -10,6 +10,7 @@
 use crate::client::Client;
 use crate::fuse::{Mount, MountError, MountOptions};
 use crate::options::ClientOptions;
+use crate::transport::LocalNode;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use talon_meta::config::{Config, NodeEntry};
@@ -97,7 +98,13 @@ pub async fn run(
         "talon: metadata node serving at {addr} (data in {})",
         opts.data_dir.display()
     ));
-    let result = serve(&opts, &addr, shutdown, &mut announce).await;
+    // The mount calls this process's node directly, not over loopback TCP; the listener
+    // still serves every other client.
+    let local = LocalNode::new(
+        addr.clone(),
+        talon_meta::service::namespace(node.node.clone()),
+    );
+    let result = serve(&opts, local, shutdown, &mut announce).await;
     node.shutdown().await;
     announce("talon: stopped".into());
     result
@@ -105,13 +112,15 @@ pub async fn run(
 
 async fn serve(
     opts: &UpOptions,
-    addr: &str,
+    local: LocalNode,
     shutdown: impl std::future::Future<Output = ()>,
     announce: &mut impl FnMut(String),
 ) -> Result<(), UpError> {
-    let client = Client::connect(&[addr.to_string()], ClientOptions::default())
-        .await
-        .map_err(|e| UpError::Connect(addr.to_string(), e.to_string()))?;
+    let addr = local.addr().to_string();
+    let client =
+        Client::connect_local(std::slice::from_ref(&addr), ClientOptions::default(), local)
+            .await
+            .map_err(|e| UpError::Connect(addr, e.to_string()))?;
     let mount_opts = MountOptions {
         relaxed_ttl: opts.relaxed_ttl,
         allow_other: opts.allow_other,

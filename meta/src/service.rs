@@ -23,11 +23,18 @@ use tonic::{Request, Response, Status};
 /// Largest client request (a full batch of creates with long names fits well within).
 pub const MAX_CLIENT_MESSAGE: usize = 16 << 20;
 
+/// The client `Namespace` service of `node`, with the edge's message limits. The router
+/// below serves it on the network; a process that runs `node` and a client of it can also
+/// call it directly (`talon up`).
+pub fn namespace(node: Arc<Node>) -> NamespaceServer<Api> {
+    NamespaceServer::new(Api { node })
+        .max_decoding_message_size(MAX_CLIENT_MESSAGE)
+        .max_encoding_message_size(MAX_CLIENT_MESSAGE)
+}
+
 /// The tonic router serving both services of `node`.
 pub fn router(node: Arc<Node>) -> tonic::transport::server::Router {
-    let ns = NamespaceServer::new(Api { node: node.clone() })
-        .max_decoding_message_size(MAX_CLIENT_MESSAGE)
-        .max_encoding_message_size(MAX_CLIENT_MESSAGE);
+    let ns = namespace(node.clone());
     let raft = RaftServer::new(RaftApi { node })
         .max_decoding_message_size(crate::network::MAX_PEER_MESSAGE)
         .max_encoding_message_size(crate::network::MAX_PEER_MESSAGE);
