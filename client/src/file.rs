@@ -903,6 +903,31 @@ impl Client {
         self.finish_open(opened, what, opts).await
     }
 
+    /// Opens the regular file `attr` that a create of this client has just answered, as
+    /// `opts` says (`create` and `exclusive` do not apply). An empty file has nothing to
+    /// fetch, so it opens without a round trip, as [`Client::open`] does after its own
+    /// create; a non-empty one (a create without `exclusive` found it) is opened as
+    /// [`Client::open_ino`] opens it.
+    pub async fn open_created(&self, attr: Attr, opts: OpenOptions) -> Result<File, TalonError> {
+        check_opts(&opts)?;
+        if attr.kind != FileKind::Regular {
+            return Err(TalonError::posix(
+                Errno::EISDIR,
+                format!("inode {} is not a regular file", attr.ino),
+            ));
+        }
+        if attr.size > 0 {
+            return self.open_ino(attr.ino, opts).await;
+        }
+        let what = format!("inode {}", attr.ino);
+        let opened = Opened {
+            attr,
+            layout: Layout::Small,
+            body: None,
+        };
+        self.finish_open(opened, what, opts).await
+    }
+
     /// Opens regular file `ino` as `opts` says (`create` and `exclusive` do not apply).
     pub async fn open_ino(&self, ino: Ino, opts: OpenOptions) -> Result<File, TalonError> {
         check_opts(&opts)?;

@@ -43,15 +43,25 @@ fn closed(ino: Ino) -> TalonError {
 }
 
 impl DataHandle {
-    /// Opens `ino`'s contents with the kernel's open `flags`.
-    pub async fn open(client: &Client, ino: Ino, flags: i32) -> Result<DataHandle, TalonError> {
+    /// Opens `ino`'s contents with the kernel's open `flags`. `created` is the file's
+    /// attributes when a create of this mount has just answered them: an empty new file
+    /// then opens without another round trip.
+    pub async fn open(
+        client: &Client,
+        ino: Ino,
+        flags: i32,
+        created: Option<Attr>,
+    ) -> Result<DataHandle, TalonError> {
         let acc = flags & libc::O_ACCMODE;
         let opts = OpenOptions {
             read: acc != libc::O_WRONLY,
             write: acc != libc::O_RDONLY,
             ..OpenOptions::default()
         };
-        let file = client.open_ino(ino, opts).await?;
+        let file = match created {
+            Some(a) => client.open_created(a, opts).await?,
+            None => client.open_ino(ino, opts).await?,
+        };
         Ok(DataHandle {
             ino,
             file: Mutex::new(Some(file)),

@@ -334,8 +334,14 @@ impl Shared {
 
     /// Opens regular file `i` with the kernel's `flags`: one RPC, which also brings a small
     /// file's body. Returns the handle, the open flags for the kernel and the attributes.
-    async fn open_file(&self, i: Ino, flags: i32) -> Result<(u64, FopenFlags, Attr), TalonError> {
-        let data = DataHandle::open(&self.client, i, flags).await?;
+    /// `created`: the attributes a create has just answered (see [`DataHandle::open`]).
+    async fn open_file(
+        &self,
+        i: Ino,
+        flags: i32,
+        created: Option<Attr>,
+    ) -> Result<(u64, FopenFlags, Attr), TalonError> {
+        let data = DataHandle::open(&self.client, i, flags, created).await?;
         let attr = data.metadata().await?;
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.files.insert(OpenFile {
@@ -682,7 +688,7 @@ impl Filesystem for TalonFs {
         self.spawn(move |s| async move {
             // The kernel opens directories with opendir; the File refuses anything but a
             // regular file (EISDIR).
-            match s.open_file(ino(i), flags.0).await.map_err(stale) {
+            match s.open_file(ino(i), flags.0, None).await.map_err(stale) {
                 Ok((fh, f, _)) => reply.opened(FileHandle(fh), f),
                 Err(e) => reply.error(errno("open", &e)),
             }
@@ -1065,7 +1071,7 @@ impl Filesystem for TalonFs {
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
                 let a = s.client.create(ino(parent), &name, spec).await?;
-                let (fh, fflags, a) = s.open_file(a.ino, flags).await?;
+                let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).
                     if let Some(f) = s.files.get(fh) {
