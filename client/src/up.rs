@@ -86,6 +86,17 @@ pub async fn run(
     }
     // Fail before starting anything if the mount point is unusable.
     crate::fuse::check_mountpoint(&opts.mountpoint)?;
+    // The cluster layout names the address it was first started with, so a port the
+    // kernel picks (0) would be one the layout, and so every client, cannot reach.
+    if opts.listen.rsplit(':').next() == Some("0") {
+        return Err(UpError::Listen(
+            opts.listen.clone(),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "talon up needs a fixed port: the cluster layout stores the address",
+            ),
+        ));
+    }
     let config = node_config(&opts.data_dir, &opts.listen);
     let listener = tokio::net::TcpListener::bind(&opts.listen)
         .await

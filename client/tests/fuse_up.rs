@@ -159,6 +159,23 @@ fn talon_up_serves_mounts_and_stops_cleanly() {
 }
 
 #[test]
+fn up_refuses_a_port_the_kernel_would_pick() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(TALON)
+        .arg("up")
+        .arg(dir.path().join("mnt"))
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .expect("talon up");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fixed port"), "{err}");
+    assert!(!talon_client::fuse::is_mounted(&dir.path().join("mnt")));
+}
+
+#[test]
 fn mount_names_a_bad_mount_point() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("missing");
