@@ -1,7 +1,8 @@
 //! Talon's embedded client library and the `talon` command.
 //!
 //! A [`Client`] holds the cluster map and one lazily connected gRPC channel per node
-//! ([`router`]), a path-resolution cache invalidated by the namespace epoch and bounded by
+//! ([`router`]; a node in the client's own process is called directly, [`transport`]), a
+//! path-resolution cache invalidated by the namespace epoch and bounded by
 //! a TTL for relaxed paths ([`path_cache`]), and exposes two layers of operations:
 //!
 //! - inode-level calls that map one to one onto the namespace RPCs (for the FUSE mount),

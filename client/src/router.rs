@@ -1,7 +1,8 @@
 //! Request routing: which node gets an RPC for a partition, and what to do when it says no.
 //!
-//! The router owns the cluster map, one lazily connected channel per node address, and a
-//! leader hint per partition. [`Router::call`] runs one logical request:
+//! The router owns the cluster map, one lazily connected channel per node address (or the
+//! direct path to a node in this process, see [`crate::transport`]), and a leader hint per
+//! partition. [`Router::call`] runs one logical request:
 //!
 //! - writes, strict reads and session reads go to the partition's hinted leader, or to its
 //!   replicas in turn while no leader is known; relaxed reads go to any replica,
