@@ -9,7 +9,7 @@
 //!   such as [`Client::lookup`], [`Client::create`] and [`Client::readdir_page`];
 //! - path-level helpers that resolve `/a/b/c` through the cache, such as [`Client::stat`],
 //!   [`Client::mkdir`], [`Client::rename`] and [`Client::read_dir`];
-//! - file contents ([`data`], [`file`]): [`Client::read_file`], [`Client::write_file`] and
+//! - file contents ([`data`], [`file`](mod@file)): [`Client::read_file`], [`Client::write_file`] and
 //!   an open [`File`] with `AsyncRead`, `AsyncWrite` and `AsyncSeek`; bulk loading of a
 //!   local tree ([`import`]).
 //!

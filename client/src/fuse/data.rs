@@ -1,5 +1,5 @@
-//! The mount's bridge to the client's file data API: one [`DataHandle`] per open file,
-//! wrapping a [`File`](crate::file::File).
+//! The mount's bridge to the client's file data API: one `DataHandle` per open file,
+//! wrapping a [`File`].
 //!
 //! The mount never stores or caches file contents itself: every read, write, truncate and
 //! commit goes through the `File`, which owns the data path (small-file bodies in memory,

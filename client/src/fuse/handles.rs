@@ -3,7 +3,7 @@
 //!
 //! A directory listing in Talon continues from a [`DirCursor`] (partition position plus
 //! last name), which does not fit the kernel's `u64` readdir offset. So each open directory
-//! keeps a [`DirListing`]: a window of the listing in memory, where an entry's offset is
+//! keeps a `DirListing`: a window of the listing in memory, where an entry's offset is
 //! its index in the whole listing (0 and 1 are `.` and `..`). The window only grows by a
 //! page at a time as the kernel's offset reaches its end, and entries before the offset the
 //! kernel asks for are dropped first, so memory stays bounded by one page plus what one
