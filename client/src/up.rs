@@ -110,9 +110,10 @@ pub async fn run(
         opts.data_dir.display()
     ));
     // The mount calls this process's node directly, not over loopback TCP; the listener
-    // still serves every other client.
+    // still serves every other client. The node is named as the cluster map names it (the
+    // address as given, which may be a host name).
     let local = LocalNode::new(
-        addr.clone(),
+        opts.listen.clone(),
         talon_meta::service::namespace(node.node.clone()),
     );
     let result = serve(&opts, local, shutdown, &mut announce).await;
