@@ -24,7 +24,7 @@ use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
-use crate::router::{track_doubt, ReadKind, Router};
+use crate::router::{ReadKind, Router};
 use crate::transport::LocalNode;
 use crate::types::{
     CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
@@ -41,9 +41,6 @@ use talon_proto::v1 as pb;
 
 /// The xattr through which a symlink's target is read (the protocol has no ReadLink RPC).
 pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
-
-/// Times an exchange is sent when leader changes keep its outcome unknown.
-const EXCHANGE_ATTEMPTS: usize = 3;
 
 /// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
 /// renames landing between resolving a path and using it) before the refusal is returned.
@@ -73,6 +70,14 @@ pub(crate) struct Inner {
     /// How long after a write relaxed reads of that partition go to the leader.
     session_window: Duration,
     born: Instant,
+}
+
+/// A fresh id for one logical request (a create, rename, remove, link or xattr change). The
+/// router sends
+/// the very same request again after a lost answer, so the server recognises a copy of a
+/// request it already applied and answers it as done.
+fn request_id() -> u64 {
+    rand::random::<u64>().max(1)
 }
 
 /// Decodes the attributes a reply must carry.
@@ -422,7 +427,7 @@ impl Client {
             exclusive: spec.exclusive,
             // One token per logical create: the router resends this very request, so a
             // retry after a lost reply finds its own inode instead of EEXIST.
-            request_id: rand::random::<u64>().max(1),
+            request_id: request_id(),
         }
     }
 
@@ -475,29 +480,18 @@ impl Client {
             parent: parent.0,
             name: name.to_vec(),
             directory,
+            request_id: request_id(),
         };
-        let known = self.cache().dentry(parent, name).map(|e| e.attr.ino);
-        let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
-            let req = req.clone();
-            async move { c.remove(req).await }
-        }))
-        .await;
+        let r = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.remove(req).await }
+            })
+            .await;
         // Whatever the answer, what this client believed about the name is in doubt.
         self.cache().remove_dentry(parent, name);
         self.changed_dir(parent);
-        let reply = match r {
-            // An attempt whose answer was lost removed it: the name is gone, as asked.
-            Err(e) if doubt && e.errno() == Errno::ENOENT => {
-                tracing::debug!(%parent, "remove re-sent after a lost answer found the name gone");
-                let ino = known.unwrap_or(Ino(0));
-                let nlink = match known {
-                    Some(i) if !directory => self.getattr(i).await.map_or(0, |a| a.nlink),
-                    _ => 0,
-                };
-                pb::RemoveReply { ino: ino.0, nlink }
-            }
-            r => r?,
-        };
+        let reply = r?;
         if directory {
             self.cache().forget_class(Ino(reply.ino));
         } else {
@@ -534,105 +528,23 @@ impl Client {
             dst_parent: dst_parent.0,
             dst_name: dst_name.to_vec(),
             flags: flags.bits(),
+            request_id: request_id(),
         };
-        let send = || async {
-            let r = self
-                .call(p, ReadKind::Write, |mut c| {
-                    let req = req.clone();
-                    async move { c.rename(req).await }
-                })
-                .await;
-            if let Some(d) = dst_part {
-                self.note_write(d);
-            }
-            self.cache().remove_dentry(src_parent, src_name);
-            self.cache().remove_dentry(dst_parent, dst_name);
-            self.changed_dir(src_parent);
-            self.changed_dir(dst_parent);
-            r
-        };
-        let src = (src_parent, src_name);
-        let dst = (dst_parent, dst_name);
-        if flags.exchange {
-            return self.exchange_settled(src, dst, epoch, send).await;
+        let r = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.rename(req).await }
+            })
+            .await;
+        if let Some(d) = dst_part {
+            self.note_write(d);
         }
-        let known = self
-            .cache()
-            .dentry(src_parent, src_name)
-            .map(|e| e.attr.ino);
-        let (r, doubt) = track_doubt(send()).await;
-        match r {
-            Ok(reply) => {
-                self.cache().observe_epoch(reply.epoch);
-                Ok(())
-            }
-            // An attempt whose answer was lost may have moved it: then the source is gone
-            // and the destination holds the entry.
-            Err(e) if doubt && e.errno() == Errno::ENOENT => {
-                match self.strict_entry(dst_parent, dst_name, epoch).await {
-                    Some(a) if known.is_none_or(|k| k == a.ino) => {
-                        tracing::debug!("rename re-sent after a lost answer found it done");
-                        Ok(())
-                    }
-                    _ => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// A `RENAME_EXCHANGE`, which is not idempotent: sent again after a lost answer it
-    /// would swap the entries back. The two inos are read first; when the router had to
-    /// re-send, they are read again and the exchange repeated only if the names do not
-    /// hold them swapped. (Another client exchanging the same two names at the same moment
-    /// can still make the outcome either order, as with any two racing exchanges.)
-    async fn exchange_settled<F, Fut>(
-        &self,
-        (sp, sn): (Ino, &[u8]),
-        (dp, dn): (Ino, &[u8]),
-        epoch: u64,
-        send: F,
-    ) -> Result<(), TalonError>
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = Result<pb::RenameReply, TalonError>>,
-    {
-        let before = (
-            self.strict_entry(sp, sn, epoch).await.map(|a| a.ino),
-            self.strict_entry(dp, dn, epoch).await.map(|a| a.ino),
-        );
-        for _ in 0..EXCHANGE_ATTEMPTS {
-            let (r, doubt) = track_doubt(send()).await;
-            if !doubt {
-                let reply = r?;
-                self.cache().observe_epoch(reply.epoch);
-                return Ok(());
-            }
-            let now = (
-                self.strict_entry(sp, sn, epoch).await.map(|a| a.ino),
-                self.strict_entry(dp, dn, epoch).await.map(|a| a.ino),
-            );
-            match (before, now) {
-                ((Some(a), Some(b)), (Some(x), Some(y))) if x == b && y == a => return Ok(()),
-                ((Some(a), Some(b)), (Some(x), Some(y))) if x == a && y == b => {
-                    tracing::debug!("exchange re-sent after a lost answer: swapped twice, again");
-                }
-                _ => return r.map(|_| ()),
-            }
-        }
-        Err(TalonError::Unavailable(
-            "exchange: the outcome stayed unknown after repeated leader changes".into(),
-        ))
-    }
-
-    /// The entry `name` of `parent` as the partition leader has it, or None (absent or
-    /// unreadable): for checking what an attempt with a lost answer did.
-    async fn strict_entry(&self, parent: Ino, name: &[u8], epoch: u64) -> Option<Attr> {
-        let class = self.dir_class(parent).await.ok()?;
-        self.rpc_lookup(parent, class, name, ReadKind::StrictRead, epoch)
-            .await
-            .ok()
-            .map(|(a, _)| a)
+        self.cache().remove_dentry(src_parent, src_name);
+        self.cache().remove_dentry(dst_parent, dst_name);
+        self.changed_dir(src_parent);
+        self.changed_dir(dst_parent);
+        self.cache().observe_epoch(r?.epoch);
+        Ok(())
     }
 
     pub(crate) async fn rpc_link(
@@ -649,30 +561,16 @@ impl Client {
             ino: ino.0,
             new_parent: new_parent.0,
             new_name: new_name.to_vec(),
+            request_id: request_id(),
         };
-        let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
-            let req = req.clone();
-            async move { c.link(req).await }
-        }))
-        .await;
-        let (attr, stamp) = match r {
-            // An attempt whose answer was lost may have made the link: then the name is
-            // there and names this inode.
-            Err(e) if doubt && e.errno() == Errno::EEXIST => {
-                match self.strict_entry(new_parent, new_name, epoch).await {
-                    Some(a) if a.ino == ino => {
-                        tracing::debug!("link re-sent after a lost answer found it made");
-                        (a, epoch)
-                    }
-                    _ => return Err(e),
-                }
-            }
-            r => {
-                let reply = r?;
-                self.cache().observe_epoch(reply.epoch);
-                (attr_of(reply.attr)?, reply.epoch.max(epoch))
-            }
-        };
+        let reply = self
+            .call(p, ReadKind::Write, |mut c| {
+                let req = req.clone();
+                async move { c.link(req).await }
+            })
+            .await?;
+        self.cache().observe_epoch(reply.epoch);
+        let (attr, stamp) = (attr_of(reply.attr)?, reply.epoch.max(epoch));
         self.cache().note_attr(&attr);
         self.changed_dir(new_parent);
         self.cache()
@@ -856,6 +754,7 @@ impl Client {
         flags: XattrFlags,
     ) -> Result<(), TalonError> {
         let p = ino.home();
+        let request_id = request_id();
         self.retry_stale(|epoch| {
             let req = pb::SetXattrRequest {
                 header: header(p, ReadKind::Write, epoch),
@@ -863,24 +762,15 @@ impl Client {
                 name: name.to_vec(),
                 value: value.to_vec(),
                 flags: flags.bits(),
+                request_id,
             };
             async move {
-                let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
+                self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
                     async move { c.set_xattr(req).await }
-                }))
-                .await;
-                match r {
-                    // An XATTR_CREATE whose answer was lost may have set it: then the value
-                    // there is this one.
-                    Err(e) if doubt && e.errno() == Errno::EEXIST => {
-                        match self.getxattr(ino, name).await {
-                            Ok(v) if v == value => Ok(()),
-                            _ => Err(e),
-                        }
-                    }
-                    r => r.map(|_| ()),
-                }
+                })
+                .await
+                .map(|_| ())
             }
         })
         .await
@@ -909,23 +799,21 @@ impl Client {
     /// Removes xattr `name` of `ino` (ENODATA when absent).
     pub async fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), TalonError> {
         let p = ino.home();
+        let request_id = request_id();
         self.retry_stale(|epoch| {
             let req = pb::RemoveXattrRequest {
                 header: header(p, ReadKind::Write, epoch),
                 ino: ino.0,
                 name: name.to_vec(),
+                request_id,
             };
             async move {
-                let (r, doubt) = track_doubt(self.call(p, ReadKind::Write, |mut c| {
+                self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
                     async move { c.remove_xattr(req).await }
-                }))
-                .await;
-                match r {
-                    // Removed by an attempt whose answer was lost.
-                    Err(e) if doubt && e.errno() == Errno::ENODATA => Ok(()),
-                    r => r.map(|_| ()),
-                }
+                })
+                .await
+                .map(|_| ())
             }
         })
         .await

@@ -17,18 +17,17 @@
 //!   which the last error is returned.
 //!
 //! A write whose connection broke mid-flight, or whose leader stepped down while it was being
-//! replicated, may have been applied; the router still sends it again elsewhere. Creates
-//! carry a request token, so such a retry answers with the inode the first attempt made.
-//! For the other writes the router notes the doubt ([`track_doubt`]): the caller then checks
-//! an ENOENT or EEXIST answer against the namespace (a removed name that is gone, a renamed
-//! entry found at its destination, a link found in place) instead of passing it on.
+//! replicated, may have been applied; the router still sends the very same request again
+//! elsewhere. Creates, renames, removes, links and xattr changes carry a request id that the
+//! server records with the change, so such a copy is answered as the first attempt was,
+//! never applied twice (see `meta/src/namespace.rs`). Other writes are idempotent as sent
+//! (a setattr, a whole-body write, a layout commit at an expected generation).
 
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::transport::{Conn, LocalNode};
 use dashmap::DashMap;
-use std::cell::Cell;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -46,23 +45,6 @@ const BACKOFF_CAP: Duration = Duration::from_millis(200);
 /// Redirects followed in a row before the router starts pausing between them (two nodes
 /// that each name the other as leader during an election must not spin).
 const FREE_REDIRECTS: u32 = 3;
-
-tokio::task_local! {
-    /// Inside [`track_doubt`]: set once a write attempt failed in a way that leaves its
-    /// outcome unknown, and the write was sent again.
-    static IN_DOUBT: Cell<bool>;
-}
-
-/// Runs `fut` and tells whether one of its writes was sent again after an attempt that
-/// may have been applied (a broken connection, a timeout, a leader change mid-write).
-pub async fn track_doubt<F: Future>(fut: F) -> (F::Output, bool) {
-    IN_DOUBT
-        .scope(Cell::new(false), async move {
-            let out = fut.await;
-            (out, IN_DOUBT.with(Cell::get))
-        })
-        .await
-}
 
 /// How a request may be served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,10 +445,6 @@ impl Router {
                 }
                 _ => return Err(err),
             };
-            if read == ReadKind::Write && !matches!(err, TalonError::WrongPartition(_)) {
-                // Outside a `track_doubt` scope nobody asked: nothing to record.
-                let _ = IN_DOUBT.try_with(|d| d.set(true));
-            }
             tracing::trace!(partition, node = node_id, error = %err, "retrying");
             last = err;
             if let Some(p) = pause {

@@ -5,8 +5,12 @@
 //!
 //! The cluster's single node sits behind a relay that loses exactly the next reply when
 //! told to; each case checks that a reply really was lost, then checks the answer and the
-//! namespace. (A lost ENOENT of a remove is, by the same rule, reported as success: the
-//! client cannot tell it from a lost success, and the name is gone either way.)
+//! namespace.
+//!
+//! The server records each rename, remove and link by the client's request id in the same
+//! commit as the change, and answers a repeated copy from that record: the client no longer
+//! guesses an outcome from the namespace after the fact (a guess that another client's
+//! change, or a name that was never there, could make wrong).
 
 mod common;
 
@@ -99,6 +103,62 @@ async fn writes_with_lost_replies_answer_what_they_did() {
         .await
         .expect("rmdir answers success");
     assert!(c.stat("/d/sub").await.is_err(), "sub is gone");
+
+    fx.shutdown().await;
+}
+
+/// Answers that the client used to guess after a lost reply, and got wrong: a NOREPLACE
+/// rename that took effect was answered EEXIST (its repeat found its own entry), and an
+/// unlink of a name that never existed was answered success (its repeat's ENOENT was taken
+/// for the first attempt's doing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_requests_get_the_first_attempts_answer() {
+    let fx = Fixture::start_with(1, |b| b.partitions(4).lossy_front(true)).await;
+    let c = &fx.client;
+    let cl = &fx.cluster;
+    c.mkdir("/a", Default::default()).await.expect("mkdir");
+    c.mkdir("/b", Default::default()).await.expect("mkdir");
+    c.create_file("/a/f", 0o644).await.expect("create");
+    let f = ino_of(c, "/a/f").await;
+
+    with_lost_reply(
+        cl,
+        c.rename_with_flags("/a/f", "/b/f", RenameFlags::NOREPLACE),
+    )
+    .await
+    .expect("a NOREPLACE rename that moved the file answers success");
+    assert_eq!(ino_of(c, "/b/f").await, f);
+
+    let missing = with_lost_reply(cl, c.unlink("/a/never"))
+        .await
+        .expect_err("an unlink of a name that was never there fails");
+    assert_eq!(missing.errno(), talon_client::Errno::ENOENT);
+
+    let missing = with_lost_reply(cl, c.rename("/a/never", "/b/never"))
+        .await
+        .expect_err("a rename of a name that was never there fails");
+    assert_eq!(missing.errno(), talon_client::Errno::ENOENT);
+
+    // An exchange, a plain rename and an unlink across the two directories, each with its
+    // answer lost: every one applied exactly once.
+    c.create_file("/a/g", 0o644).await.expect("create");
+    let g = ino_of(c, "/a/g").await;
+    with_lost_reply(
+        cl,
+        c.rename_with_flags("/a/g", "/b/f", RenameFlags::EXCHANGE),
+    )
+    .await
+    .expect("exchange answers success");
+    assert_eq!((ino_of(c, "/a/g").await, ino_of(c, "/b/f").await), (f, g));
+    with_lost_reply(cl, c.rename("/b/f", "/a/g"))
+        .await
+        .expect("a replacing rename answers success");
+    assert_eq!(ino_of(c, "/a/g").await, g);
+    assert!(c.stat("/b/f").await.is_err(), "moved once");
+    with_lost_reply(cl, c.unlink("/a/g"))
+        .await
+        .expect("unlink answers success");
+    assert!(c.stat("/a/g").await.is_err(), "gone");
 
     fx.shutdown().await;
 }

@@ -7,13 +7,9 @@
 //! or from `$TALON_META_BIN` and `$TALON_BIN`.
 //! The harness needs root (a network namespace of its own, nftables inside it).
 //!
-//! Open findings (jepsen/README.md): F1, the client guesses the outcome of a rename or
-//! unlink re-sent after a lost answer, and can guess wrong; F3, strict listings can see
-//! half of a cross-partition rename; F4, a register history no order explains. The
-//! register, checkpoint and rename runs here check leniently (`--lenient`: guessed
-//! answers count as unknown); the register and rename runs need only reach a verdict,
-//! so the gate stays green; the `*_strict` tests, ignored until the findings are fixed,
-//! require VALID.
+//! Every run checks strictly (no `--lenient`): since finding F1 was fixed the server
+//! answers a re-sent rename, unlink, link or xattr change from its record of the first
+//! copy, so no answer is a guess and no request applies twice (finding F4 was the latter).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -53,16 +49,6 @@ fn run(args: &[&str]) {
     assert!(
         ok && stdout.contains("verdict: VALID"),
         "talon-jepsen {args:?} did not find the history valid\n{}",
-        tail
-    );
-}
-
-/// Runs the harness with `args` and asserts it reached a verdict, whichever.
-fn run_to_verdict(args: &[&str]) {
-    let (_, stdout, tail) = run_harness(args);
-    assert!(
-        stdout.contains("verdict: VALID") || stdout.contains("verdict: INVALID"),
-        "talon-jepsen {args:?} reached no verdict\n{}",
         tail
     );
 }
@@ -134,19 +120,9 @@ const EACH: &[&str] = &[
     "20261123",
 ];
 
-/// Open finding F4 (a register history that no order explains, seen once in 600 s of
-/// combined faults) could fail any run, so the register runs must reach a verdict but need
-/// not be VALID; the strict test is ignored until F1 and F4 are fixed.
+/// Strict reads are linearizable and no write is lost or applied twice (F1, F4).
 #[test]
-fn register_under_every_fault_reaches_a_verdict() {
-    let mut a = vec!["--workload", "register", "--lenient"];
-    a.extend_from_slice(EACH);
-    run_to_verdict(&a);
-}
-
-#[test]
-#[ignore = "open findings F1 and F4: guessed answers to renames and unlinks; a non-linearizable register"]
-fn register_under_every_fault_strict() {
+fn register_under_every_fault() {
     let mut a = vec!["--workload", "register"];
     a.extend_from_slice(EACH);
     run(&a);
@@ -167,20 +143,10 @@ fn set_through_a_fuse_mount_under_every_fault() {
     run(&a);
 }
 
-/// The rename workload finds open finding F3 (half of a cross-partition rename is visible
-/// to strict listings) in most strict runs, faults or not, so here it must reach a verdict
-/// (exit status 0 or 1, a `verdict:` line) but need not be VALID; the strict test is
-/// ignored until F3 is fixed.
+/// Strict listings never see half of a rename (F3), and a move answered ENOENT or EEXIST
+/// did not take effect (F1).
 #[test]
-fn rename_under_every_fault_reaches_a_verdict() {
-    let mut a = vec!["--workload", "rename", "--lenient"];
-    a.extend_from_slice(EACH);
-    run_to_verdict(&a);
-}
-
-#[test]
-#[ignore = "open findings F1 and F3: renames answered ENOENT/EEXIST that took effect; half a rename visible"]
-fn rename_under_every_fault_strict() {
+fn rename_under_every_fault() {
     let mut a = vec!["--workload", "rename"];
     a.extend_from_slice(EACH);
     run(&a);
@@ -191,7 +157,6 @@ fn checkpoint_under_every_fault() {
     let mut a = vec![
         "--workload",
         "checkpoint",
-        "--lenient",
         "--concurrency",
         "4",
         "--checkpoint-kib",
@@ -202,11 +167,10 @@ fn checkpoint_under_every_fault() {
 }
 
 #[test]
-fn register_with_five_replicas_under_combined_faults_reaches_a_verdict() {
-    run_to_verdict(&[
+fn register_with_five_replicas_under_combined_faults() {
+    run(&[
         "--workload",
         "register",
-        "--lenient",
         "--replication",
         "5",
         "--schedule",

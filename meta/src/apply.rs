@@ -67,6 +67,41 @@ pub struct ChunkRec {
     pub data: Vec<u8>,
 }
 
+/// A rename, remove or link applied on behalf of a client request (`keys::request`):
+/// stored as the proposal's time (u64 ms) then the inode the request named, both
+/// little-endian, so the collector reads the time as it does other timed records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestRec {
+    /// Leader wall clock (ms) when the request was proposed.
+    pub at_ms: u64,
+    /// The inode the request named.
+    pub ino: Ino,
+}
+
+impl RequestRec {
+    /// The stored form.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(16);
+        b.extend_from_slice(&self.at_ms.to_le_bytes());
+        b.extend_from_slice(&self.ino.0.to_le_bytes());
+        b
+    }
+
+    /// Decodes the stored form.
+    pub fn from_bytes(b: &[u8]) -> Result<RequestRec, Fatal> {
+        let word = |at: usize| -> Result<u64, Fatal> {
+            b.get(at..at + 8)
+                .and_then(|w| <[u8; 8]>::try_from(w).ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| Fatal::Corrupt(format!("request record of {} bytes", b.len())))
+        };
+        Ok(RequestRec {
+            at_ms: word(0)?,
+            ino: Ino(word(8)?),
+        })
+    }
+}
+
 impl BodyRec {
     /// A body with its checksum.
     pub fn new(data: Vec<u8>) -> BodyRec {
@@ -295,6 +330,13 @@ impl<'a> View<'a> {
         Ok(())
     }
 
+    /// The record of client request `id`, if it was applied (and not yet forgotten).
+    pub fn request(&self, id: u64) -> Result<Option<RequestRec>, Fatal> {
+        self.get(&keys::request(id))?
+            .map(|b| RequestRec::from_bytes(&b))
+            .transpose()
+    }
+
     /// Reads a dentry.
     pub fn dentry(&self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>, Fatal> {
         self.get(&keys::dentry(parent, name))?
@@ -307,6 +349,12 @@ impl<'a> View<'a> {
         self.get(&keys::inode(ino))?
             .map(|b| dec(&b, "inode"))
             .transpose()
+    }
+
+    /// Whether a prepared transaction holds the record key of request `id` (a copy of the
+    /// request is being applied).
+    pub fn request_pending(&self, id: u64) -> Result<bool, Fatal> {
+        Ok(self.locked(&keys::request(id))?.is_some())
     }
 
     fn locked(&self, key: &[u8]) -> Result<Option<TxId>, Fatal> {
@@ -334,6 +382,7 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::CommitLayout { ino, .. } => keys::inode(*ino),
             Op::SetClass { dir, .. } => keys::inode(*dir),
             Op::BumpEpoch(_) => keys::EPOCH_LOCK.to_vec(),
+            Op::RecordRequest { id, .. } => keys::request(*id),
             Op::ExpectEpoch(_)
             | Op::ExpectDirLive { .. }
             | Op::NewInode { .. }
@@ -341,6 +390,7 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::PutChunk { .. }
             | Op::DropChunks(_)
             | Op::ReclaimUnlinked(_)
+            | Op::ForgetRequests(_)
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -668,6 +718,13 @@ impl Applier {
                         ))));
                     }
                 }
+                Op::RecordRequest { id, .. } => {
+                    if v.get(&keys::request(*id))?.is_some() {
+                        return Ok(Err(ApplyError::Locked(format!(
+                            "request {id:#x} is already applied"
+                        ))));
+                    }
+                }
                 Op::NewInode { .. }
                 | Op::PutDentry { .. }
                 | Op::DelDentry { .. }
@@ -677,6 +734,7 @@ impl Applier {
                 | Op::PutChunk { .. }
                 | Op::DropChunks(_)
                 | Op::ReclaimUnlinked(_)
+                | Op::ForgetRequests(_)
                 | Op::TouchDir { .. } => {}
             }
         }
@@ -940,6 +998,21 @@ impl Applier {
                         }
                     }
                 }
+                Op::RecordRequest { id, ino, at_ms } => {
+                    let rec = RequestRec {
+                        at_ms: *at_ms,
+                        ino: *ino,
+                    };
+                    v.put(keys::request(*id), rec.to_bytes());
+                }
+                Op::ForgetRequests(ids) => {
+                    for id in ids {
+                        let k = keys::request(*id);
+                        if v.locked(&k)?.is_none() {
+                            v.del(k);
+                        }
+                    }
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
@@ -1070,5 +1143,98 @@ pub fn fresh_attr(
         } else {
             Ino(0)
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::TxId;
+
+    fn record(id: u64) -> Op {
+        Op::RecordRequest {
+            id,
+            ino: Ino(42),
+            at_ms: 1_000,
+        }
+    }
+
+    /// Applies `cmd` on top of `staged` (nothing reaches the database).
+    fn apply(db: &DB, staged: &mut Overlay, cmd: Command) -> CommandResult {
+        Applier { partition: 3 }
+            .apply(db, staged, &cmd)
+            .expect("no storage fault")
+    }
+
+    #[test]
+    fn a_request_is_recorded_once_and_can_be_forgotten() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = DB::open_default(dir.path()).expect("open");
+        let mut staged = Overlay::new();
+        let first = apply(&db, &mut staged, Command::Atomic(vec![record(7)]));
+        assert!(matches!(first, CommandResult::Applied(_)), "{first:?}");
+        let view = View::new(&db, &staged);
+        let rec = view.request(7).expect("read").expect("recorded");
+        assert_eq!((rec.at_ms, rec.ino), (1_000, Ino(42)));
+        assert_eq!(
+            RequestRec::from_bytes(&rec.to_bytes()).expect("decode"),
+            rec
+        );
+
+        // A copy is refused before anything else in its list applies.
+        let copy = Command::Atomic(vec![record(7), Op::BumpEpoch(9)]);
+        let again = apply(&db, &mut staged, copy);
+        assert!(
+            matches!(again, CommandResult::Failed(ApplyError::Locked(_))),
+            "{again:?}"
+        );
+        assert_eq!(
+            View::new(&db, &staged).epoch().expect("epoch"),
+            1,
+            "not bumped"
+        );
+
+        // While a transaction holds a copy prepared, the id reads as pending.
+        let txid = TxId {
+            coordinator: 3,
+            id: 1,
+        };
+        let at_ms = 0;
+        let prepared = apply(
+            &db,
+            &mut staged,
+            Command::Prepare {
+                txid,
+                ops: vec![record(8)],
+                at_ms,
+            },
+        );
+        assert!(
+            matches!(prepared, CommandResult::Prepared { .. }),
+            "{prepared:?}"
+        );
+        let view = View::new(&db, &staged);
+        assert!(view.request_pending(8).expect("read"));
+        assert!(view.request(8).expect("read").is_none());
+
+        let forget = apply(
+            &db,
+            &mut staged,
+            Command::Atomic(vec![Op::ForgetRequests(vec![7, 8])]),
+        );
+        assert!(matches!(forget, CommandResult::Applied(_)), "{forget:?}");
+        let view = View::new(&db, &staged);
+        assert!(view.request(7).expect("read").is_none(), "forgotten");
+        assert!(
+            view.request_pending(8).expect("read"),
+            "a locked record stays"
+        );
+        let anew = apply(&db, &mut staged, Command::Atomic(vec![record(7)]));
+        assert!(matches!(anew, CommandResult::Applied(_)), "{anew:?}");
+    }
+
+    #[test]
+    fn a_short_request_record_is_corrupt_not_a_panic() {
+        assert!(RequestRec::from_bytes(&[1, 2, 3]).is_err());
     }
 }

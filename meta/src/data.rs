@@ -32,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Chunks examined per partition per garbage-collection round.
 const GC_SCAN_LIMIT: usize = 50_000;
+/// How long a request record (`Op::RecordRequest`) is kept (ms): far longer than a client
+/// keeps sending copies of one request (its operation deadline, 30 s by default).
+pub const REQUEST_RECORD_MS: u64 = 5 * 60 * 1000;
 /// Deleted bodies or chunks on a partition that trigger a compaction.
 const COMPACT_AFTER_DELETES: u64 = 2_000;
 
@@ -427,18 +430,28 @@ impl Node {
                     continue;
                 }
             };
-            for batch in due.chunks(1000) {
-                let n = batch.len();
-                match part
-                    .propose(Command::Atomic(vec![Op::ReclaimUnlinked(batch.to_vec())]))
-                    .await
-                {
-                    Ok(_) => tracing::debug!(partition = p, files = n, "reclaimed unlinked files"),
-                    Err(e) => {
-                        tracing::warn!(partition = p, "reclaiming unlinked files deferred: {e}")
-                    }
-                }
+            propose_in_batches(part, due, Op::ReclaimUnlinked, "reclaiming unlinked files").await;
+        }
+    }
+
+    /// One round of forgetting request records older than `REQUEST_RECORD_MS` on the
+    /// partitions this node leads.
+    pub async fn collect_requests(&self) {
+        let now = Time::now().as_millis();
+        for (p, part) in &self.partitions {
+            if part.leader() != Some(self.config.node_id) {
+                continue;
             }
+            let due: Vec<u64> = match part.store.requests(GC_SCAN_LIMIT, |at| {
+                now.saturating_sub(at) >= REQUEST_RECORD_MS
+            }) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::error!(partition = p, "scan request records: {e}");
+                    continue;
+                }
+            };
+            propose_in_batches(part, due, Op::ForgetRequests, "forgetting request records").await;
         }
     }
 
@@ -453,6 +466,24 @@ impl Node {
             }
             let store = part.store.clone();
             let _ = tokio::task::spawn_blocking(move || store.compact()).await;
+        }
+    }
+}
+
+/// Proposes `op` over `items` in batches of 1,000; a failed batch waits for the next round.
+async fn propose_in_batches<T: Clone>(
+    part: &Partition,
+    items: Vec<T>,
+    op: impl Fn(Vec<T>) -> Op,
+    what: &str,
+) {
+    for batch in items.chunks(1000) {
+        match part
+            .propose(Command::Atomic(vec![op(batch.to_vec())]))
+            .await
+        {
+            Ok(_) => tracing::debug!(partition = part.id, n = batch.len(), "{what}"),
+            Err(e) => tracing::warn!(partition = part.id, "{what} deferred: {e}"),
         }
     }
 }
@@ -498,6 +529,7 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 // `Node::shutdown`, which waits for this task). The next start redoes it.
                 let round = async {
                     node.collect_unlinked().await;
+                    node.collect_requests().await;
                     if tokio::time::Instant::now() >= chunks_due {
                         node.collect_chunks().await;
                         chunks_due = tokio::time::Instant::now() + chunk_period;

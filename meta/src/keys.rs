@@ -18,6 +18,7 @@
 //! | `K` | ino ‖ write id ‖ idx | `ChunkRec`: one chunk of a large file    |
 //! | `W` | ino ‖ write id ‖ idx | when the chunk was written (u64 ms)      |
 //! | `U` | ino                  | when the file lost its last name (u64 ms)|
+//! | `R` | request id           | `RequestRec`: a rename, remove or link applied (ms, ino) |
 //! | `M` | name                 | partition metadata (applied, epoch, ...) |
 //!
 //! Lock keys (`L` ‖ k) name the key they protect: a dentry or inode key, `F` ‖ dir for an
@@ -54,6 +55,23 @@ pub mod tag {
     pub const CHUNK_TIME: u8 = b'W';
     /// Unlinked files kept readable for a grace period, with the time they were unlinked.
     pub const UNLINKED: u8 = b'U';
+    /// Renames, removes and links applied, by their client's request id, so a request sent
+    /// again after a lost answer is answered as done instead of being applied twice.
+    pub const REQUEST: u8 = b'R';
+}
+
+/// Key of an applied request's record.
+pub fn request(id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(tag::REQUEST);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Decodes the request id of a request record's key.
+pub fn request_of(key: &[u8]) -> Option<u64> {
+    let b: [u8; 8] = key.get(1..9)?.try_into().ok()?;
+    Some(u64::from_be_bytes(b))
 }
 
 /// Key of an unlinked file's record (kept until it is reclaimed).
@@ -226,5 +244,14 @@ mod tests {
             id: 0xdead_beef,
         };
         assert_eq!(txid_of(&prepared(t)), Some(t));
+    }
+
+    #[test]
+    fn request_ids_round_trip_in_their_own_table() {
+        for id in [1, 0xfeed_f00d, u64::MAX] {
+            let k = request(id);
+            assert_eq!(request_of(&k), Some(id));
+            assert_eq!(k.first(), Some(&tag::REQUEST));
+        }
     }
 }

@@ -15,8 +15,13 @@
 //! a second proposal on its home before the change is answered (POSIX-visible at once), and
 //! a relaxed one asynchronously within ~50 ms (DESIGN.md allows this; a crash in that
 //! window can leave a relaxed parent's nlink/mtime stale).
+//!
+//! Renames, removes, links and xattr changes take effect at most once per client request:
+//! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its
+//! effect on the serving partition, so a copy the client sends again after a lost answer is
+//! answered from the record (as done) instead of being applied again or refused.
 
-use crate::apply::{fresh_attr, is_unlinked, Dentry, InodeRec};
+use crate::apply::{fresh_attr, is_unlinked, Dentry, InodeRec, RequestRec};
 use crate::node::{storage_error, Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::types::{AttrChange, CommandResult, Expect, Op, Target};
@@ -70,6 +75,22 @@ fn destination_guard(planned: Option<Ino>, flags: u32) -> Expect {
         _ if flags & (RENAME_NOREPLACE | RENAME_EXCHANGE) == 0 => Expect::AsPlanned(planned),
         Some(ino) => Expect::Ino(ino),
         None => Expect::Absent,
+    }
+}
+
+/// The op recording client request `id` as applied (none for id 0: the client keeps no
+/// id, so nothing can be matched later), first in the serving partition's list so a copy
+/// of an applied request is refused before any other precondition answers an errno.
+fn record_request(ops: &mut Vec<Op>, id: u64, ino: Ino) {
+    if id != 0 {
+        ops.insert(
+            0,
+            Op::RecordRequest {
+                id,
+                ino,
+                at_ms: Time::now().as_millis(),
+            },
+        );
     }
 }
 
@@ -515,7 +536,63 @@ impl Node {
         Ok(futures::future::join_all(futs).await)
     }
 
+    /// The record of client request `id` on `part`, if a copy of it was applied there.
+    fn applied(&self, part: &Partition, id: u64) -> Result<Option<RequestRec>, TalonError> {
+        if id == 0 {
+            return Ok(None);
+        }
+        part.store.read(|v| v.request(id)).map_err(storage_error)
+    }
+
+    /// Settles one attempt `r` of client request `id`: a refusal (an errno, a stale epoch,
+    /// a conflict) is answered by `done` instead when a copy of the request was applied
+    /// meanwhile (its answer was lost, and the copy's effect is what made this one fail),
+    /// and re-planned while a copy is still prepared in a transaction.
+    async fn settle<T, D, F>(
+        &self,
+        part: &Partition,
+        id: u64,
+        r: Result<T, TalonError>,
+        done: D,
+    ) -> Result<T, TalonError>
+    where
+        D: FnOnce(RequestRec) -> F,
+        F: std::future::Future<Output = Result<T, TalonError>>,
+    {
+        match r {
+            Err(
+                e @ (TalonError::Posix { .. }
+                | TalonError::StaleEpoch { .. }
+                | TalonError::Retry(_)),
+            ) if id != 0 => {
+                let (rec, pending) = part
+                    .store
+                    .read(|v| Ok((v.request(id)?, v.request_pending(id)?)))
+                    .map_err(storage_error)?;
+                match (rec, pending) {
+                    (Some(rec), _) => done(rec).await,
+                    (None, true) => Err(TalonError::Retry(format!(
+                        "request {id:#x} is being applied"
+                    ))),
+                    (None, false) => Err(e),
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// What a remove answers once applied: the inode it removed and that inode's link
+    /// count now.
+    async fn removed(&self, rec: RequestRec) -> Result<(Ino, u32), TalonError> {
+        let nlink = match self.read_inode(rec.ino).await {
+            Ok(Some(r)) if r.attr.kind != FileKind::Directory => r.attr.nlink,
+            _ => 0,
+        };
+        Ok((rec.ino, nlink))
+    }
+
     /// Unlinks a non-directory (`directory == false`) or removes an empty directory.
+    /// `request`: the client's id for this remove (0: none), see the module header.
     pub async fn remove(
         &self,
         p: u32,
@@ -523,11 +600,15 @@ impl Node {
         parent: Ino,
         name: &[u8],
         directory: bool,
+        request: u64,
     ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
         let part = self.local(p)?;
-        replan("remove", 20, || {
-            self.remove_once(part, epoch, parent, name, directory)
+        replan("remove", 20, || async {
+            let r = self
+                .remove_once(part, epoch, parent, name, directory, request)
+                .await;
+            self.settle(part, request, r, |rec| self.removed(rec)).await
         })
         .await
     }
@@ -539,10 +620,14 @@ impl Node {
         parent: Ino,
         name: &[u8],
         directory: bool,
+        request: u64,
     ) -> Result<(Ino, u32), TalonError> {
         // Refuses an entry this partition does not hold (class changed, not hosted).
         self.entry_class(part, parent, name).await?;
         part.linearizable().await?;
+        if let Some(rec) = self.applied(part, request)? {
+            return self.removed(rec).await;
+        }
         let d = part
             .store
             .read(|v| v.dentry(parent, name))
@@ -556,7 +641,7 @@ impl Node {
         let now = Time::now();
         let p = part.id;
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
-        let entry_ops = vec![
+        let mut entry_ops = vec![
             Op::ExpectEpoch(epoch),
             Op::ExpectDentry {
                 parent,
@@ -568,6 +653,7 @@ impl Node {
                 name: name.to_vec(),
             },
         ];
+        record_request(&mut entry_ops, request, d.ino);
         parts.insert(p, entry_ops);
         if d.kind == FileKind::Directory {
             if !directory {
@@ -623,6 +709,7 @@ impl Node {
     }
 
     /// Renames `(sp, sn)` to `(dp, dn)`; served by the source entry's partition.
+    /// `request`: the client's id for this rename (0: none), see the module header.
     #[allow(clippy::too_many_arguments)]
     pub async fn rename(
         &self,
@@ -633,6 +720,7 @@ impl Node {
         dp: Ino,
         dn: &[u8],
         flags: u32,
+        request: u64,
     ) -> Result<u64, TalonError> {
         check_name(sn)?;
         check_name(dn)?;
@@ -642,22 +730,24 @@ impl Node {
             return Err(posix(Errno::EINVAL, format!("rename flags {flags:#x}")));
         }
         let part = self.local(p)?;
-        replan("rename", 30, || {
-            self.rename_once(part, epoch, sp, sn, dp, dn, flags)
+        let renamed = |_| async { part.store.epoch().map_err(storage_error) };
+        replan("rename", 30, || async {
+            let r = self
+                .rename_once(part, epoch, (sp, sn), (dp, dn), flags, request)
+                .await;
+            self.settle(part, request, r, renamed).await
         })
         .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn rename_once(
         &self,
         part: &Partition,
         epoch: u64,
-        sp: Ino,
-        sn: &[u8],
-        dp: Ino,
-        dn: &[u8],
+        (sp, sn): (Ino, &[u8]),
+        (dp, dn): (Ino, &[u8]),
         flags: u32,
+        request: u64,
     ) -> Result<u64, TalonError> {
         let ps = part.id;
         self.entry_class(part, sp, sn).await?;
@@ -668,6 +758,9 @@ impl Node {
             .store
             .read(|v| Ok((v.dentry(sp, sn)?, v.epoch()?)))
             .map_err(storage_error)?;
+        if self.applied(part, request)?.is_some() {
+            return Ok(cur_epoch);
+        }
         let src = src.ok_or_else(|| {
             posix(
                 Errno::ENOENT,
@@ -723,7 +816,8 @@ impl Node {
         }
         let now = Time::now();
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
-        parts.entry(ps).or_default().extend([
+        let source_ops = parts.entry(ps).or_default();
+        source_ops.extend([
             Op::ExpectEpoch(epoch),
             Op::ExpectDentry {
                 parent: sp,
@@ -731,6 +825,7 @@ impl Node {
                 expect: Expect::Ino(src.ino),
             },
         ]);
+        record_request(source_ops, request, src.ino);
         parts.entry(pd).or_default().extend([
             Op::ExpectDirLive {
                 dir: dp,
@@ -866,16 +961,41 @@ impl Node {
     }
 
     /// Links inode `ino` as `(np, nn)`; served by the new entry's partition.
+    /// `request`: the client's id for this link (0: none), see the module header.
     pub async fn link(
         &self,
         p: u32,
         epoch: u64,
         ino: Ino,
-        np: Ino,
-        nn: &[u8],
+        (np, nn): (Ino, &[u8]),
+        request: u64,
     ) -> Result<(Attr, u64), TalonError> {
         check_name(nn)?;
         let part = self.local(p)?;
+        let linked = |rec: RequestRec| async move {
+            let attr = self
+                .read_inode(rec.ino)
+                .await?
+                .map(|r| r.attr)
+                .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {}", rec.ino)))?;
+            Ok((attr, part.store.epoch().map_err(storage_error)?))
+        };
+        if let Some(rec) = self.applied(part, request)? {
+            return linked(rec).await;
+        }
+        let r = self.link_once(part, epoch, ino, (np, nn), request).await;
+        self.settle(part, request, r, linked).await
+    }
+
+    async fn link_once(
+        &self,
+        part: &Partition,
+        epoch: u64,
+        ino: Ino,
+        (np, nn): (Ino, &[u8]),
+        request: u64,
+    ) -> Result<(Attr, u64), TalonError> {
+        let p = part.id;
         let (pclass, learn) = self.entry_class(part, np, nn).await?;
         let rec = self
             .read_inode(ino)
@@ -892,7 +1012,9 @@ impl Node {
         }
         let now = Time::now();
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
-        parts.entry(p).or_default().extend([
+        let entry_ops = parts.entry(p).or_default();
+        record_request(entry_ops, request, ino);
+        entry_ops.extend([
             Op::ExpectEpoch(epoch),
             Op::ExpectDirLive {
                 dir: np,
@@ -1024,6 +1146,7 @@ impl Node {
     }
 
     /// Sets (value Some) or removes an xattr.
+    #[allow(clippy::too_many_arguments)]
     pub async fn setxattr(
         &self,
         p: u32,
@@ -1032,8 +1155,9 @@ impl Node {
         name: &[u8],
         value: Option<Vec<u8>>,
         flags: u32,
+        request: u64,
     ) -> Result<(), TalonError> {
-        self.home_part(p, ino)?;
+        let part = self.home_part(p, ino)?;
         if name.is_empty() || name.len() > 255 || name.contains(&0) {
             return Err(posix(
                 Errno::ERANGE,
@@ -1052,7 +1176,10 @@ impl Node {
         if flags & !3 != 0 || flags == 3 {
             return Err(posix(Errno::EINVAL, format!("xattr flags {flags:#x}")));
         }
-        let ops = vec![
+        if self.applied(part, request)?.is_some() {
+            return Ok(());
+        }
+        let mut ops = vec![
             Op::ExpectEpoch(epoch),
             Op::Xattr {
                 ino,
@@ -1062,9 +1189,12 @@ impl Node {
                 now: Time::now(),
             },
         ];
-        self.run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
-            .await?;
-        Ok(())
+        record_request(&mut ops, request, ino);
+        let r = self
+            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
+            .await
+            .map(|_| ());
+        self.settle(part, request, r, |_| async { Ok(()) }).await
     }
 
     /// The hosted replica of `ino`'s home partition `p`, or WrongPartition if `p` is not it.

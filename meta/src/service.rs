@@ -273,7 +273,14 @@ impl Namespace for Api {
         let h = header(r.header);
         let (ino, nlink) = self
             .node
-            .remove(h.partition, h.epoch, Ino(r.parent), &r.name, r.directory)
+            .remove(
+                h.partition,
+                h.epoch,
+                Ino(r.parent),
+                &r.name,
+                r.directory,
+                r.request_id,
+            )
             .await?;
         Ok(Response::new(pb::RemoveReply { ino: ino.0, nlink }))
     }
@@ -291,6 +298,7 @@ impl Namespace for Api {
                 Ino(r.dst_parent),
                 &r.dst_name,
                 r.flags,
+                r.request_id,
             )
             .await?;
         Ok(Response::new(pb::RenameReply { epoch }))
@@ -306,8 +314,8 @@ impl Namespace for Api {
                 h.partition,
                 h.epoch,
                 Ino(r.ino),
-                Ino(r.new_parent),
-                &r.new_name,
+                (Ino(r.new_parent), &r.new_name),
+                r.request_id,
             )
             .await?;
         Ok(Response::new(pb::EntryReply {
@@ -368,6 +376,7 @@ impl Namespace for Api {
                 &r.name,
                 Some(r.value),
                 r.flags,
+                r.request_id,
             )
             .await?;
         Ok(Response::new(pb::Empty {}))
@@ -387,7 +396,15 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node
-            .setxattr(h.partition, h.epoch, Ino(r.ino), &r.name, None, 0)
+            .setxattr(
+                h.partition,
+                h.epoch,
+                Ino(r.ino),
+                &r.name,
+                None,
+                0,
+                r.request_id,
+            )
             .await?;
         Ok(Response::new(pb::Empty {}))
     }

@@ -568,7 +568,15 @@ impl SmStore {
         })
     }
 
-    /// Up to `limit` records of table `tag` whose values are u64 ms times, decoded by `f`
+    /// Ids of applied client requests recorded at a time (ms) for which `due` holds, at
+    /// most `limit`.
+    pub fn requests(&self, limit: usize, due: impl Fn(u64) -> bool) -> Result<Vec<u64>, Fatal> {
+        self.timed_records(keys::tag::REQUEST, limit, |k, at| {
+            keys::request_of(k).filter(|_| due(at))
+        })
+    }
+
+    /// Up to `limit` records of table `tag` whose values start with u64 ms times, decoded by `f`
     /// from the key and the time (keys `f` cannot decode are skipped).
     fn timed_records<T>(
         &self,
@@ -584,11 +592,13 @@ impl SmStore {
             if k.first() != Some(&tag) || out.len() >= limit {
                 break;
             }
+            // The time comes first (a request record carries an ino after it).
             let at: [u8; 8] = it
                 .value()
                 .unwrap_or_default()
-                .try_into()
-                .map_err(|_| Fatal::Corrupt(format!("time record of table {}", tag as char)))?;
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| Fatal::Corrupt(format!("time record of table {}", tag as char)))?;
             if let Some(t) = f(k, u64::from_le_bytes(at)) {
                 out.push(t);
             }

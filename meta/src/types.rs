@@ -282,6 +282,20 @@ pub enum Op {
     /// inode that is still unlinked, with its body and xattrs. Appended last: the log's
     /// encoding numbers variants by position.
     ReclaimUnlinked(Vec<Ino>),
+    /// Record that the client request `id` (a rename, remove or link) is applied by this
+    /// op list, so a copy of it sent again after a lost answer is answered as done.
+    /// Precondition: not recorded yet (a copy that raced the first is refused as `Locked`
+    /// and re-planned, and then finds the record).
+    RecordRequest {
+        /// The client's request id (never 0).
+        id: u64,
+        /// The inode the request named (the removed, moved or linked one).
+        ino: Ino,
+        /// Leader wall clock (ms) at proposal, for forgetting the record later.
+        at_ms: u64,
+    },
+    /// Forget request records older than any client still waits for (garbage collection).
+    ForgetRequests(Vec<u64>),
 }
 
 /// A command in a partition's Raft log.

@@ -137,6 +137,7 @@ async fn malformed_requests_get_errors() {
         name: b"user.big".to_vec(),
         value: vec![0; 70_000],
         flags: 0,
+        request_id: 0,
     };
     let e = TalonError::from(c.set_xattr(req).await.expect_err("oversized xattr"));
     assert_eq!(e.errno(), Errno::E2BIG);
