@@ -57,9 +57,6 @@ pub const MAX_UPLOADS: usize = 6;
 /// Dirty chunks a File keeps in memory before it stores some early.
 pub const MAX_DIRTY: usize = 4;
 
-/// Bad file descriptor: an operation the open mode does not allow.
-const EBADF: Errno = Errno(9);
-
 /// How to open a file, as `open(2)` flags. The default opens an existing file read-only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpenOptions {
@@ -173,7 +170,7 @@ struct Core {
 }
 
 fn bad_fd(what: &str, op: &str) -> TalonError {
-    TalonError::posix(EBADF, format!("{what}: not open for {op}"))
+    TalonError::posix(Errno::EBADF, format!("{what}: not open for {op}"))
 }
 
 impl Core {

@@ -482,7 +482,9 @@ impl Node {
                 })?;
                 Ok((attr, o.epoch))
             }
-            CommandResult::Failed(crate::types::ApplyError::Posix(17, msg)) => {
+            CommandResult::Failed(crate::types::ApplyError::Posix(errno, msg))
+                if Errno(errno) == Errno::EEXIST =>
+            {
                 let own_retry = spec.request_id != 0;
                 let open_existing = !spec.exclusive && spec.kind == FileKind::Regular;
                 if !own_retry && !open_existing {

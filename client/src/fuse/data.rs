@@ -36,10 +36,7 @@ pub(crate) struct DataHandle {
 }
 
 fn closed(ino: Ino) -> TalonError {
-    TalonError::posix(
-        Errno(libc::EBADF),
-        format!("inode {ino}: handle already closed"),
-    )
+    TalonError::posix(Errno::EBADF, format!("inode {ino}: handle already closed"))
 }
 
 impl DataHandle {

@@ -146,7 +146,7 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
 /// `open` or `stat` of a name that exists.
 fn stale(e: TalonError) -> TalonError {
     if e.errno() == Errno::ENOENT {
-        posix(Errno(libc::ESTALE), e.to_string())
+        posix(Errno::ESTALE, e.to_string())
     } else {
         e
     }
@@ -1114,7 +1114,7 @@ impl Filesystem for TalonFs {
                 let f = s
                     .files
                     .get(fh.0)
-                    .ok_or_else(|| posix(Errno(libc::EBADF), "no such handle"))?;
+                    .ok_or_else(|| posix(Errno::EBADF, "no such handle"))?;
                 let end = offset
                     .checked_add(length)
                     .ok_or_else(|| posix(Errno::EFBIG, "fallocate past the largest size"))?;

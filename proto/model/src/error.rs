@@ -20,6 +20,7 @@ impl Errno {
     pub const ENOENT: Errno = Errno(2);
     pub const EIO: Errno = Errno(5);
     pub const E2BIG: Errno = Errno(7);
+    pub const EBADF: Errno = Errno(9);
     pub const EAGAIN: Errno = Errno(11);
     pub const EACCES: Errno = Errno(13);
     pub const EBUSY: Errno = Errno(16);
@@ -39,6 +40,7 @@ impl Errno {
     pub const ENODATA: Errno = Errno(61);
     pub const ENOTSUP: Errno = Errno(95);
     pub const ETIMEDOUT: Errno = Errno(110);
+    pub const ESTALE: Errno = Errno(116);
 
     /// The symbolic name, for messages.
     pub fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl Errno {
             2 => "ENOENT",
             5 => "EIO",
             7 => "E2BIG",
+            9 => "EBADF",
             11 => "EAGAIN",
             13 => "EACCES",
             16 => "EBUSY",
@@ -66,6 +69,7 @@ impl Errno {
             61 => "ENODATA",
             95 => "ENOTSUP",
             110 => "ETIMEDOUT",
+            116 => "ESTALE",
             _ => "errno",
         }
     }
