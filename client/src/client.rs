@@ -311,6 +311,11 @@ impl Client {
         }
     }
 
+    /// The class of directory `dir` if this client knows it, without asking the cluster.
+    pub fn cached_class(&self, dir: Ino) -> Option<Class> {
+        self.cache().class_of(dir)
+    }
+
     /// The class of directory `dir`, from the cache or a strict `GetAttr`.
     pub(crate) async fn dir_class(&self, dir: Ino) -> Result<Class, TalonError> {
         if let Some(c) = self.cache().class_of(dir) {

@@ -109,6 +109,27 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The answer to a lookup that caches "no such name" for its TTL: node id 0.
+pub(crate) fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: BLKSIZE,
+        flags: 0,
+    }
+}
+
 /// How long the kernel may trust entries and attributes of each class.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ttls {

@@ -14,7 +14,8 @@
 //!
 //! Caching: entries and attributes of relaxed inodes carry the relaxed TTL (by default the
 //! cluster's staleness bound), strict ones a zero TTL, so every access to a strict path asks
-//! the cluster and sees its linearizable state. Relaxed files keep the page cache across
+//! the cluster and sees its linearizable state. A name missing from a relaxed directory is
+//! a negative entry with the relaxed TTL. Relaxed files keep the page cache across
 //! opens; the kernel drops it when it sees the size or mtime change (`FUSE_AUTO_INVAL_DATA`).
 //!
 //! Permissions are checked by the kernel from the mode bits (`default_permissions`), with
@@ -28,7 +29,7 @@
 //! `FALLOC_FL_KEEP_SIZE` (nothing to reserve: space is taken when data is written); other
 //! modes answer EOPNOTSUPP.
 
-use super::convert::{errno, file_attr, file_type, mknod_kind, talon_time, Ttls};
+use super::convert::{errno, file_attr, file_type, mknod_kind, negative_entry, talon_time, Ttls};
 use super::data::{self, DataHandle};
 use super::handles::{DirListing, HandleTable, ListedEntry};
 use crate::client::Client;
@@ -443,6 +444,17 @@ impl Filesystem for TalonFs {
                 Ok(a) => {
                     let a = s.with_open_size(a);
                     s.entry(reply, &a)
+                }
+                // A missing name in a relaxed directory is cached as a negative entry for
+                // the relaxed TTL (DESIGN.md allows it): a program probing for files that are
+                // not there asks the cluster once per TTL, not once per probe. The kernel
+                // replaces the entry when this mount makes the name; other clients' names
+                // show within the TTL, as their changes to existing names do.
+                Err(e)
+                    if e.errno() == Errno::ENOENT
+                        && s.client.cached_class(ino(parent)) == Some(Class::Relaxed) =>
+                {
+                    reply.entry(&s.ttls.of(Class::Relaxed), &negative_entry(), Generation(0))
                 }
                 Err(e) => reply.error(errno("lookup", &e)),
             }
