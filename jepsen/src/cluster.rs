@@ -6,6 +6,10 @@
 //! node's packets apart by the sending socket's group, because every loopback connection
 //! leaves from 127.0.0.1 whatever node opened it.
 //!
+//! Each node follows a fail-point file of its own (`conf/nodeN.failpoints`, named to it by
+//! `$TALON_FAIL_POINTS`): a `talon-meta` built with the `failpoints` feature arms what the
+//! file names, so the nemesis can crash a node at an exact step or slow its log fsyncs.
+//!
 //! The [`Cluster`] owns its processes. Dropping it sends SIGKILL to every node still
 //! running (a stopped node dies of SIGKILL too) and reaps it, so a harness that fails or is
 //! interrupted leaves no process behind. Nodes are started through `setpriv --pdeathsig
@@ -16,7 +20,7 @@ use crate::disk::{DiskError, Disks};
 use crate::net::NetNs;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -27,6 +31,9 @@ pub const NODE_GID_BASE: u32 = 47_000;
 
 /// The port every node listens on (each node has its own address).
 pub const NODE_PORT: u16 = 7000;
+
+/// The variable through which `talon-meta start` learns its fail-point file.
+const FAIL_POINTS_ENV: &str = "TALON_FAIL_POINTS";
 
 /// Errors controlling the cluster's processes.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +68,15 @@ pub enum ClusterError {
     /// A disk fault was asked for without mounted data directories.
     #[error("disk faults need the data directories on their own file systems")]
     NoDisks,
+    /// Fail-point faults were asked for and the binary has none.
+    #[error(
+        "the crash and slow-disk faults need a talon-meta built with fail points \
+         (cargo build -p talon-meta --features failpoints): {0}"
+    )]
+    NoFailPoints(String),
+    /// A node config could not be read or rewritten.
+    #[error("node config {0}")]
+    Config(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
@@ -99,6 +115,7 @@ struct Node {
     ip: Ipv4Addr,
     config: PathBuf,
     log: PathBuf,
+    fail_points: PathBuf,
     child: Option<Child>,
     paused: bool,
 }
@@ -155,6 +172,7 @@ impl Cluster {
                 ip: node_ip(id),
                 config: conf.join(format!("node{id}.toml")),
                 log: logs.join(format!("node{id}.log")),
+                fail_points: conf.join(format!("node{id}.failpoints")),
                 child: None,
                 paused: false,
             })
@@ -207,6 +225,74 @@ impl Cluster {
         let n = Disks::fill(&self.data_dir(id))?;
         self.filled.insert(id);
         Ok(n)
+    }
+
+    /// The fail points the `talon-meta` binary can arm (`talon-meta fail-points`).
+    pub fn fail_points(&self) -> Result<Vec<String>, ClusterError> {
+        let out = Command::new(&self.spec.meta_bin)
+            .arg("fail-points")
+            .output()
+            .map_err(io(format!(
+                "run {} fail-points",
+                self.spec.meta_bin.display()
+            )))?;
+        if !out.status.success() {
+            return Err(ClusterError::NoFailPoints(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
+        }
+        let points: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split('\t').next())
+            .filter(|n| !n.is_empty())
+            .map(str::to_string)
+            .collect();
+        if points.is_empty() {
+            return Err(ClusterError::NoFailPoints("it lists none".into()));
+        }
+        Ok(points)
+    }
+
+    /// Arms node `id`'s fail points to exactly `lines` (`name=actions` each, the `fail`
+    /// crate's syntax); the node applies the change within 50 ms. Empty disarms all.
+    pub fn arm(&mut self, id: u64, lines: &[String]) -> Result<(), ClusterError> {
+        let path = self.node(id)?.fail_points.clone();
+        let tmp = path.with_extension("failpoints.new");
+        let mut text = lines.join("\n");
+        text.push('\n');
+        std::fs::write(&tmp, text).map_err(io(format!("write {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(io(format!("replace {}", path.display())))
+    }
+
+    /// Makes every node snapshot its partitions after `entries` log entries and keep a tenth
+    /// of that behind each snapshot (before any start), so that a node that was down a few
+    /// seconds catches up by installing a snapshot rather than by replaying the log.
+    pub fn snapshot_every(&mut self, entries: u64) -> Result<(), ClusterError> {
+        for n in &self.nodes {
+            let bad = |e: &dyn std::fmt::Display| {
+                ClusterError::Config(format!("{}: {e}", n.config.display()))
+            };
+            let text = std::fs::read_to_string(&n.config).map_err(|e| bad(&e))?;
+            let mut doc: toml::Table = text.parse().map_err(|e| bad(&e))?;
+            let raft = doc
+                .entry("raft")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let Some(raft) = raft.as_table_mut() else {
+                return Err(bad(&"[raft] is not a table"));
+            };
+            let n_entries = entries.max(1) as i64;
+            raft.insert(
+                "snapshot_after_entries".into(),
+                toml::Value::Integer(n_entries),
+            );
+            raft.insert(
+                "keep_entries_after_snapshot".into(),
+                toml::Value::Integer((n_entries / 10).max(1)),
+            );
+            let text = toml::to_string_pretty(&doc).map_err(|e| bad(&e))?;
+            std::fs::write(&n.config, text).map_err(|e| bad(&e))?;
+        }
+        Ok(())
     }
 
     /// How many times a node process was started.
@@ -269,6 +355,7 @@ impl Cluster {
             .arg("--config")
             .arg(&n.config)
             .env("RUST_LOG", "warn")
+            .env(FAIL_POINTS_ENV, &n.fail_points)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -344,6 +431,45 @@ impl Cluster {
                 let _ = c.wait();
             }
         }
+    }
+
+    /// The crashes at fail points, by point, as the nodes' logs record them (a node says
+    /// which point it dies at before it aborts).
+    pub fn fail_point_crashes(&self) -> BTreeMap<String, u64> {
+        let mut by = BTreeMap::new();
+        for n in &self.nodes {
+            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
+            for line in text.lines() {
+                if let Some(rest) = line.strip_prefix("fail point ") {
+                    if let Some((point, _)) = rest.split_once(": aborting") {
+                        *by.entry(point.to_string()).or_default() += 1;
+                    }
+                }
+            }
+        }
+        by
+    }
+
+    /// Every panic a node's log records, with the line after it (the message): a node
+    /// that panics has lost a partition replica or its process, whatever the history says.
+    pub fn panics(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
+            let mut lines = text.lines();
+            while let Some(line) = lines.next() {
+                if line.contains("panicked at") {
+                    let msg = lines.next().unwrap_or_default();
+                    out.push(format!(
+                        "node {} panicked: {} {}",
+                        n.id,
+                        line.trim(),
+                        msg.trim()
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// The last `lines` lines of node `id`'s log, for reports.

@@ -3,8 +3,15 @@
 //! Faults are SIGKILL (the node is restarted when the fault heals), SIGSTOP (continued with
 //! SIGCONT), network partitions cut with the namespace's packet filter (one node isolated,
 //! a majority/minority split, and a bridge: two halves that only a middle node reaches),
-//! and a full data disk (freed, and the node restarted, when the fault heals). The `*-leader` kinds aim at the node leading one of the workload's partitions,
-//! as the nodes report it.
+//! a full data disk (freed, and the node restarted, when the fault heals), and two kinds
+//! that need a `talon-meta` built with fail points: a crash at an exact step (a fail point
+//! armed to abort the node the first time it passes there: between 2PC prepare and
+//! decision, between decision and telling participants, while a participant applies the
+//! commit, in the middle of a snapshot install, or after a log append before its fsync),
+//! and a slow disk (every log fsync of a node held 50-300 ms). The `*-leader` kinds, the
+//! crash and the slow disk aim at the node leading one of the workload's partitions, as the
+//! nodes report it; a crash in a snapshot install aims at a random node, killed at once so
+//! that it comes back behind the others and is sent a snapshot when the fault heals.
 //!
 //! A schedule alternates a quiet interval with one fault held for a while, then heals
 //! everything: the firewall is cleared, stopped nodes continue and killed nodes restart.
@@ -45,11 +52,15 @@ pub enum NemesisKind {
     Bridge,
     /// Fill a random node's data file system; free it and restart the node on heal.
     DiskFull,
+    /// Crash a node exactly at a fail point drawn from those the binary has.
+    Crash,
+    /// Hold every Raft log fsync of a partition leader's node for 50-300 ms.
+    SlowDisk,
 }
 
 impl NemesisKind {
     /// Every kind.
-    pub const ALL: [NemesisKind; 9] = [
+    pub const ALL: [NemesisKind; 11] = [
         NemesisKind::Kill,
         NemesisKind::KillLeader,
         NemesisKind::Pause,
@@ -59,6 +70,8 @@ impl NemesisKind {
         NemesisKind::Split,
         NemesisKind::Bridge,
         NemesisKind::DiskFull,
+        NemesisKind::Crash,
+        NemesisKind::SlowDisk,
     ];
 
     /// Whether the kind cuts links (and so needs the firewall).
@@ -70,6 +83,11 @@ impl NemesisKind {
                 | NemesisKind::Split
                 | NemesisKind::Bridge
         )
+    }
+
+    /// Whether the kind arms fail points (and so needs a binary built with them).
+    pub fn needs_fail_points(self) -> bool {
+        matches!(self, NemesisKind::Crash | NemesisKind::SlowDisk)
     }
 
     /// The name used on the command line.
@@ -84,6 +102,8 @@ impl NemesisKind {
             NemesisKind::Split => "split",
             NemesisKind::Bridge => "bridge",
             NemesisKind::DiskFull => "disk-full",
+            NemesisKind::Crash => "crash",
+            NemesisKind::SlowDisk => "slow-disk",
         }
     }
 }
@@ -119,8 +139,18 @@ pub struct Nemesis {
     client: Client,
     rec: Recorder,
     partitions: Vec<u32>,
+    /// The fail points the binary has (empty without fail-point kinds).
+    points: Vec<String>,
+    /// Nodes whose fail points this fault armed; disarmed when it heals.
+    armed: Vec<u64>,
+    /// Nodes armed to crash in a snapshot install: they keep the arm through the restart
+    /// that heals the fault, and are disarmed when the next fault starts.
+    armed_through_restart: Vec<u64>,
+    /// Which fail point the next crash arms (an index into `points`).
+    crash_turn: usize,
     /// Faults injected, by kind.
     pub injected: BTreeMap<&'static str, u64>,
+
     /// Errors while injecting or healing (reported, not fatal).
     pub errors: Vec<String>,
 }
@@ -145,18 +175,24 @@ impl Nemesis {
         client: Client,
         rec: Recorder,
         partitions: Vec<u32>,
+        points: Vec<String>,
     ) -> Nemesis {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973);
         Nemesis {
+            crash_turn: rng.random_range(0..points.len().max(1)),
             kinds,
             mode,
             timing,
             // A stream of its own, apart from the workers'.
-            rng: StdRng::seed_from_u64(seed ^ 0x006e_656d_6573_6973),
+            rng,
             cluster,
             firewall,
             client,
             rec,
             partitions,
+            points,
+            armed: Vec::new(),
+            armed_through_restart: Vec::new(),
             injected: BTreeMap::new(),
             errors: Vec::new(),
         }
@@ -171,6 +207,7 @@ impl Nemesis {
                 _ = tokio::time::sleep(self.timing.quiet) => {}
                 _ = stop.changed() => break,
             }
+            self.disarm_after_restart();
             let mut now: Vec<NemesisKind> = match self.mode {
                 ScheduleMode::Each => vec![self.kinds[turn % self.kinds.len()]],
                 ScheduleMode::Random => {
@@ -220,18 +257,36 @@ impl Nemesis {
                     .record(NEMESIS, EventType::Ok, Call::Fault { name }, None);
             }
         }
+        self.disarm_after_restart();
         self.heal();
         self
     }
 
-    /// Clears the firewall, continues stopped nodes and restarts killed ones.
+    /// Disarms the nodes armed through a restart.
+    fn disarm_after_restart(&mut self) {
+        let mut c = lock(&self.cluster);
+        for id in std::mem::take(&mut self.armed_through_restart) {
+            if let Err(e) = c.arm(id, &[]) {
+                self.errors.push(format!("disarm n{id}: {e}"));
+            }
+        }
+    }
+
+    /// Disarms fail points, clears the firewall, continues stopped nodes and restarts
+    /// killed ones (a crash at a fail point included).
     pub fn heal(&mut self) {
         if let Some(fw) = &self.firewall {
             if let Err(e) = fw.apply(&[]) {
                 self.errors.push(format!("heal the network: {e}"));
             }
         }
-        if let Err(e) = lock(&self.cluster).heal() {
+        let mut c = lock(&self.cluster);
+        for id in std::mem::take(&mut self.armed) {
+            if let Err(e) = c.arm(id, &[]) {
+                self.errors.push(format!("disarm n{id}: {e}"));
+            }
+        }
+        if let Err(e) = c.heal() {
             self.errors.push(format!("heal the nodes: {e}"));
         }
     }
@@ -256,9 +311,11 @@ impl Nemesis {
         ids.sort_unstable();
         let random = *ids.choose(&mut self.rng).ok_or("no nodes")?;
         let target = match kind {
-            NemesisKind::KillLeader | NemesisKind::PauseLeader | NemesisKind::IsolateLeader => {
-                self.leader().await.unwrap_or(random)
-            }
+            NemesisKind::KillLeader
+            | NemesisKind::PauseLeader
+            | NemesisKind::IsolateLeader
+            | NemesisKind::Crash
+            | NemesisKind::SlowDisk => self.leader().await.unwrap_or(random),
             _ => random,
         };
         let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -289,6 +346,38 @@ impl Nemesis {
             NemesisKind::DiskFull => {
                 let bytes = lock(&self.cluster).fill_disk(target).map_err(|e| err(&e))?;
                 Ok(format!("disk-full n{target} ({} MiB taken)", bytes >> 20))
+            }
+            NemesisKind::Crash => {
+                // In turn from a seeded start, so that a run of a few crashes meets each.
+                if self.points.is_empty() {
+                    return Err("no fail points to arm".into());
+                }
+                let point = self.points[self.crash_turn % self.points.len()].clone();
+                self.crash_turn += 1;
+                let arm = [format!("{point}=1*return")];
+                let mut c = lock(&self.cluster);
+                if point.starts_with("snapshot-") {
+                    // Down while the others go on (and snapshot, and purge their logs), it
+                    // comes back behind them when the fault heals and is sent a snapshot.
+                    c.kill(random).map_err(|e| err(&e))?;
+                    c.arm(random, &arm).map_err(|e| err(&e))?;
+                    self.armed_through_restart.push(random);
+                    Ok(format!(
+                        "crash n{random} at {point} (killed, armed for its restart)"
+                    ))
+                } else {
+                    c.arm(target, &arm).map_err(|e| err(&e))?;
+                    self.armed.push(target);
+                    Ok(format!("crash n{target} at {point}"))
+                }
+            }
+            NemesisKind::SlowDisk => {
+                let ms = self.rng.random_range(50..=300u32);
+                lock(&self.cluster)
+                    .arm(target, &[format!("log-fsync=sleep({ms})")])
+                    .map_err(|e| err(&e))?;
+                self.armed.push(target);
+                Ok(format!("slow-disk n{target} (every log fsync +{ms} ms)"))
             }
             NemesisKind::Bridge => {
                 ids.shuffle(&mut self.rng);

@@ -72,6 +72,9 @@ pub struct RunConfig {
     pub disk_mib: u64,
     /// The `talon` binary, for `set-fuse`.
     pub talon_bin: PathBuf,
+    /// Snapshot every partition after this many log entries (default: the server's), so
+    /// that a node back from a fault is sent a snapshot.
+    pub snapshot_every: Option<u64>,
 }
 
 impl RunConfig {
@@ -104,6 +107,7 @@ impl RunConfig {
             lenient: false,
             disk_mib: 2048,
             talon_bin: PathBuf::from("talon"),
+            snapshot_every: None,
         }
     }
 }
@@ -222,6 +226,14 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
     if cfg.nemeses.contains(&NemesisKind::DiskFull) {
         cluster.mount_disks(ns, cfg.disk_mib)?;
     }
+    let points = if cfg.nemeses.iter().any(|k| k.needs_fail_points()) {
+        cluster.fail_points()?
+    } else {
+        Vec::new()
+    };
+    if let Some(n) = cfg.snapshot_every {
+        cluster.snapshot_every(n)?;
+    }
     cluster.start_all()?;
     let addrs = cluster.addrs();
     let cluster = Arc::new(Mutex::new(cluster));
@@ -292,6 +304,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         client.clone(),
         rec.clone(),
         partitions,
+        points,
     );
     let nemesis = tokio::spawn(nemesis.run(stop_rx));
     let load = Arc::new(load);
@@ -324,19 +337,26 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         _ => Ok(()),
     };
     drop(mount);
-    let restarts = {
+    let (restarts, crashes, panics) = {
         let mut c = match cluster.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
         c.stop_all();
-        c.starts() - cfg.nodes
+        (c.starts() - cfg.nodes, c.fail_point_crashes(), c.panics())
     };
     let events = rec.finish().map_err(|source| RunError::Io {
         what: "write the history".into(),
         source,
     })?;
     let mut verdict = cfg.workload.check(&events, cfg.lenient);
+    if !panics.is_empty() {
+        verdict = verdict.and(Verdict {
+            valid: false,
+            anomalies: panics,
+            checked: String::new(),
+        });
+    }
     if let Err(e) = final_result {
         verdict = verdict.and(Verdict {
             valid: false,
@@ -354,7 +374,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         &events,
         &verdict,
         &nemesis,
-        restarts,
+        &Nodes { restarts, crashes },
         workers_done,
         &kept,
     );
@@ -389,6 +409,12 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[i] as f64 / 1e6
 }
 
+/// What the nodes' processes went through: restarts, and crashes at fail points by point.
+struct Nodes {
+    restarts: u64,
+    crashes: BTreeMap<String, u64>,
+}
+
 /// The human summary of a run: operations by outcome, faults, latency and availability
 /// during and outside faults, and the verdict.
 fn summarize(
@@ -396,7 +422,7 @@ fn summarize(
     events: &[Event],
     verdict: &Verdict,
     nemesis: &Nemesis,
-    restarts: u64,
+    nodes: &Nodes,
     elapsed: Duration,
     kept: &Option<PathBuf>,
 ) -> String {
@@ -449,15 +475,33 @@ fn summarize(
         .collect();
     let _ = writeln!(
         s,
-        "faults: {} ({}); node restarts {restarts}; fault time {:.1} s",
+        "faults: {} ({}); node restarts {}; fault time {:.1} s",
         nemesis.injected.values().sum::<u64>(),
         if faults.is_empty() {
             "none".to_string()
         } else {
             faults.join(", ")
         },
+        nodes.restarts,
         windows.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e9
     );
+    if let Some(n) = nemesis.injected.get(NemesisKind::Crash.name()) {
+        let died: Vec<String> = nodes
+            .crashes
+            .iter()
+            .map(|(p, n)| format!("{p} x{n}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  crashes at fail points: {n} armed, {} reached ({})",
+            nodes.crashes.values().sum::<u64>(),
+            if died.is_empty() {
+                "none".into()
+            } else {
+                died.join(", ")
+            }
+        );
+    }
     for e in &nemesis.errors {
         let _ = writeln!(s, "  nemesis error: {e}");
     }

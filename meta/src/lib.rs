@@ -19,11 +19,13 @@
 //! - `data`: file contents: packed small-file bodies, chunks, layouts, checksums, GC.
 //! - `txn`: two-phase commit across partitions and recovery of stale intents.
 //! - `service`: the gRPC edge: wire validation and error mapping.
+//! - `failpoints`: named steps a fault-injection harness can crash or slow (a feature).
 //! - `testing`: an in-process cluster fixture for tests.
 
 pub mod apply;
 pub mod config;
 pub mod data;
+pub mod failpoints;
 pub mod keys;
 pub mod namespace;
 pub mod network;

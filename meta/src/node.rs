@@ -179,7 +179,7 @@ impl Node {
                     partition: p,
                     peers: peers.clone(),
                 },
-                log.group(p),
+                log.group_behind(p, store.snapshot_mark()),
                 PartitionSm::new(store.clone()),
             )
             .await

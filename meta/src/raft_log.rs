@@ -120,11 +120,23 @@ impl LogDb {
         }))
     }
 
-    /// The log store of one group.
+    /// The log store of one group, purged wherever openraft asks (the storage suite's
+    /// contract; a node uses [`LogDb::group_behind`]).
     pub fn group(self: &Arc<Self>, group: u32) -> LogStore {
         LogStore {
             group,
             db: self.clone(),
+            mark: None,
+        }
+    }
+
+    /// The log store of one group whose purges never pass `mark`, its state machine's
+    /// stored snapshot.
+    pub fn group_behind(self: &Arc<Self>, group: u32, mark: Arc<SnapshotMark>) -> LogStore {
+        LogStore {
+            group,
+            db: self.clone(),
+            mark: Some(mark),
         }
     }
 
@@ -159,6 +171,7 @@ fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<T
         while let Ok(more) = rx.try_recv() {
             pending.push(more);
         }
+        crate::fail_point!("log-fsync");
         let res = db.flush_wal(true);
         stats.syncs.fetch_add(1, Ordering::Relaxed);
         for cb in pending {
@@ -170,11 +183,36 @@ fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<T
     }
 }
 
+/// The last log id a partition's stored snapshot covers: set by its state machine once a
+/// snapshot is durably in place, read by its log, which never purges past it.
+///
+/// openraft 0.9 purges the log behind a received snapshot without waiting for the state
+/// machine to install it. A crash between the two left a log purged past the stored
+/// snapshot, and openraft then refuses to start the group (it panics on the invariant
+/// `purge_upto <= snapshot_last_log_id`). The fault-injection harness found it with a crash
+/// at the `snapshot-install-files` fail point.
+#[derive(Debug, Default)]
+pub struct SnapshotMark(std::sync::Mutex<Option<LogId<NodeId>>>);
+
+impl SnapshotMark {
+    /// The last log id the stored snapshot covers (None: no snapshot).
+    pub fn get(&self) -> Option<LogId<NodeId>> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a snapshot durably stored up to `id`.
+    pub fn set(&self, id: Option<LogId<NodeId>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = id;
+    }
+}
+
 /// The log store of one partition group (a handle on the node's shared log database).
 #[derive(Clone, Debug)]
 pub struct LogStore {
     group: u32,
     db: Arc<LogDb>,
+    /// Purges stop at this snapshot mark (see [`SnapshotMark`]).
+    mark: Option<Arc<SnapshotMark>>,
 }
 
 impl LogStore {
@@ -322,9 +360,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        Ok(self
+        let committed = self
             .get_meta::<Option<LogId<NodeId>>>(b'c', ErrorSubject::Store)?
-            .flatten())
+            .flatten();
+        // A follower that crashed while installing a snapshot may have saved a committed id
+        // past the end of its log (the entries it lacks were in the snapshot). At start-up
+        // openraft re-applies up to the committed id and would fail on the missing entries;
+        // what this replica holds is all it can know to be committed.
+        let last_purged: Option<LogId<NodeId>> = self.get_meta(b'p', ErrorSubject::Logs)?;
+        let held = self.last_entry_id()?.max(last_purged);
+        Ok(committed.min(held))
     }
 
     async fn append<I>(
@@ -380,6 +425,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        let log_id = match self.mark.as_ref().map(|m| m.get()) {
+            // Behind a snapshot not yet stored: purge only what the stored one covers. The
+            // rest goes with the next purge, after the next snapshot.
+            Some(stored) if stored < Some(log_id) => match stored {
+                Some(s) => s,
+                None => return Ok(()),
+            },
+            _ => log_id,
+        };
+        let done: Option<LogId<NodeId>> = self.get_meta(b'p', ErrorSubject::Logs)?;
+        if done >= Some(log_id) {
+            return Ok(());
+        }
         let b = bincode::serialize(&log_id)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         let mut batch = WriteBatch::default();
@@ -392,5 +450,69 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .db
             .write(batch)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// Entries 1..=last of group 3, written as `append` would (without its callback).
+    fn store_with_entries(dir: &Path, last: u64, mark: Arc<SnapshotMark>) -> LogStore {
+        let db = LogDb::open(&dir.join("log")).expect("open the log");
+        let s = db.group_behind(3, mark);
+        for i in 1..=last {
+            let e = Entry::<TypeConfig> {
+                log_id: id(i),
+                payload: EntryPayload::Blank,
+            };
+            let b = bincode::serialize(&e).expect("encode an entry");
+            s.db.db
+                .put(s.key(b'e', Some(i)), b)
+                .expect("write an entry");
+        }
+        s
+    }
+
+    /// A purge never passes the stored snapshot, and a committed id past the log's end is
+    /// not claimed at start-up. openraft purges behind a received snapshot before it is
+    /// installed; a crash in between left a replica openraft refused to start
+    /// (`talon-jepsen`, a crash at the `snapshot-install-files` fail point).
+    #[tokio::test]
+    async fn a_purge_stops_at_the_stored_snapshot() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mark = Arc::new(SnapshotMark::default());
+        let mut s = store_with_entries(dir.path(), 10, mark.clone());
+
+        // No snapshot stored yet: nothing is purged.
+        s.purge(id(8)).await.expect("purge");
+        let st = s.get_log_state().await.expect("log state");
+        assert_eq!(st.last_purged_log_id, None);
+        assert_eq!(s.try_get_log_entries(1..11).await.expect("read").len(), 10);
+
+        // A snapshot up to 5: a purge asked up to 8 stops at 5, and resumes later.
+        mark.set(Some(id(5)));
+        s.purge(id(8)).await.expect("purge");
+        let st = s.get_log_state().await.expect("log state");
+        assert_eq!(st.last_purged_log_id, Some(id(5)));
+        assert_eq!(st.last_log_id, Some(id(10)));
+        assert_eq!(s.try_get_log_entries(6..11).await.expect("read").len(), 5);
+        mark.set(Some(id(9)));
+        s.purge(id(8)).await.expect("purge");
+        let st = s.get_log_state().await.expect("log state");
+        assert_eq!(st.last_purged_log_id, Some(id(8)));
+
+        // A committed id saved past the entries this replica holds is read back as its end.
+        s.save_committed(Some(id(20)))
+            .await
+            .expect("save committed");
+        assert_eq!(s.read_committed().await.expect("read"), Some(id(10)));
+        s.save_committed(Some(id(9))).await.expect("save committed");
+        assert_eq!(s.read_committed().await.expect("read"), Some(id(9)));
     }
 }

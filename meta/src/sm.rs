@@ -13,6 +13,7 @@
 
 use crate::apply::{dec, enc, Applier, Fatal, InodeRec, Overlay, View};
 use crate::keys::{self, meta};
+use crate::raft_log::SnapshotMark;
 use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{
@@ -75,6 +76,8 @@ pub struct SmStore {
     /// Fault injection: while set, applying fails with an I/O error (see
     /// [`SmStore::inject_write_errors`]).
     fail_writes: std::sync::atomic::AtomicBool,
+    /// How far the stored snapshot reaches; the partition's log is never purged past it.
+    mark: Arc<SnapshotMark>,
 }
 
 impl std::fmt::Debug for SmStore {
@@ -156,14 +159,30 @@ impl SmStore {
                 "db-0".to_string()
             }
         };
-        // Instances left by an interrupted install or replaced by a later one.
+        // An install interrupted after its switch to the new instance: its snapshot record
+        // goes in place, so the record always covers what the live instance holds.
+        let pending = pending_snapshot_file(dir, &name);
+        if pending.exists() {
+            std::fs::rename(&pending, dir.join(SNAPSHOT_FILE))
+                .map_err(|e| Fatal::Corrupt(format!("finish {}: {e}", pending.display())))?;
+        }
+        // Instances (and their snapshot records) left by an interrupted install or replaced
+        // by a later one.
         if let Ok(rd) = std::fs::read_dir(dir) {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if (n.starts_with("db-") && n != name) || n.starts_with("checkpoint-") {
                     let _ = std::fs::remove_dir_all(e.path());
+                } else if n.starts_with("snapshot-db-") {
+                    let _ = std::fs::remove_file(e.path());
                 }
             }
+        }
+        let mark = Arc::new(SnapshotMark::default());
+        match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+            Ok(b) => mark.set(dec::<StoredSnapshot>(&b, "snapshot")?.meta.last_log_id),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
         }
         let db = DB::open(&db_options(&tuning), dir.join(&name))?;
         if partition == 0 {
@@ -177,6 +196,7 @@ impl SmStore {
             deletes: std::sync::atomic::AtomicU64::new(0),
             tuning,
             fail_writes: std::sync::atomic::AtomicBool::new(false),
+            mark,
         }))
     }
 
@@ -205,8 +225,21 @@ impl SmStore {
     }
 
     fn snapshot_file(&self) -> PathBuf {
-        self.dir.join("snapshot.bin")
+        self.dir.join(SNAPSHOT_FILE)
     }
+
+    /// How far this replica's stored snapshot reaches, for its log (see [`SnapshotMark`]).
+    pub fn snapshot_mark(&self) -> Arc<SnapshotMark> {
+        self.mark.clone()
+    }
+}
+
+/// The stored snapshot of a replica, in its directory.
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+
+/// Where an install writes the snapshot record of instance `db` before switching to it.
+fn pending_snapshot_file(dir: &Path, db: &str) -> PathBuf {
+    dir.join(format!("snapshot-{db}.bin"))
 }
 
 fn read_applied(db: &DB) -> Result<(Option<LogId<NodeId>>, Membership), Fatal> {
@@ -336,6 +369,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             data,
         };
         write_atomic(&store.snapshot_file(), &enc(&stored))?;
+        store.mark.set(meta.last_log_id);
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(stored.data)),
@@ -367,10 +401,15 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             last = Some(log_id);
             let res = match &entry.payload {
                 EntryPayload::Blank => CommandResult::None,
-                EntryPayload::Normal(cmd) => self
-                    .applier
-                    .apply(&db, &mut overlay, cmd)
-                    .map_err(|e| fatal(ErrorVerb::Write, e))?,
+                EntryPayload::Normal(cmd) => {
+                    crate::fail_point!(
+                        "txn-finish-apply",
+                        if matches!(cmd, crate::types::Command::Finish { commit: true, .. })
+                    );
+                    self.applier
+                        .apply(&db, &mut overlay, cmd)
+                        .map_err(|e| fatal(ErrorVerb::Write, e))?
+                }
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(log_id), m.clone()));
                     CommandResult::None
@@ -474,6 +513,7 @@ fn install_snapshot(
             }
             std::fs::write(target.join(file), bytes).map_err(|e| Fatal::Corrupt(e.to_string()))?;
         }
+        crate::fail_point!("snapshot-install-files");
         let db = DB::open(&db_options(&store.tuning), &target)?;
         let (applied, _) = read_applied(&db)?;
         if applied != meta.last_log_id {
@@ -491,13 +531,24 @@ fn install_snapshot(
             return Err(werr(e));
         }
     };
+    // The switch is the install's commit point: the new instance's snapshot record is
+    // written first, under its name, and put in place after (or by the next open).
+    let last = meta.last_log_id;
+    let pending = pending_snapshot_file(&store.dir, &name);
+    if let Err(e) = write_atomic(&pending, &enc(&StoredSnapshot { meta, data })) {
+        let _ = std::fs::remove_dir_all(&target);
+        return Err(werr(e));
+    }
     write_atomic(&store.dir.join("CURRENT_DB"), name.as_bytes()).map_err(werr)?;
     let old = {
         let mut g = store.db.write().unwrap_or_else(|p| p.into_inner());
         std::mem::replace(&mut *g, Arc::new(db))
     };
     drop(old);
-    write_atomic(&store.snapshot_file(), &enc(&StoredSnapshot { meta, data })).map_err(werr)?;
+    crate::fail_point!("snapshot-install-switched");
+    std::fs::rename(&pending, store.snapshot_file())
+        .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
+    store.mark.set(last);
     Ok(())
 }
 
@@ -646,5 +697,43 @@ impl SmStore {
         }
         it.status()?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    /// An install interrupted after its switch to the new instance is finished by the next
+    /// open (its snapshot record goes in place, so the record covers the live state and the
+    /// log may be purged behind it); one interrupted before the switch is rolled back.
+    #[test]
+    fn an_interrupted_install_is_finished_or_rolled_back_at_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let at = LogId::new(CommittedLeaderId::new(2, 1), 7);
+        {
+            let store = SmStore::open(dir.path(), 3, b"").expect("open");
+            store
+                .db()
+                .put(meta::APPLIED, enc(&at))
+                .expect("write applied");
+            build_snapshot(&store).expect("build a snapshot");
+            assert_eq!(store.snapshot_mark().get(), Some(at));
+            // As the install leaves it between switching instances and the record's rename.
+            std::fs::rename(
+                store.snapshot_file(),
+                pending_snapshot_file(dir.path(), "db-0"),
+            )
+            .expect("make the record pending");
+            // And a record of an instance that an earlier install never switched to.
+            std::fs::write(pending_snapshot_file(dir.path(), "db-99"), b"partial")
+                .expect("write a stray record");
+        }
+        let store = SmStore::open(dir.path(), 3, b"").expect("reopen");
+        assert_eq!(store.snapshot_mark().get(), Some(at));
+        assert!(store.snapshot_file().exists());
+        assert!(!pending_snapshot_file(dir.path(), "db-0").exists());
+        assert!(!pending_snapshot_file(dir.path(), "db-99").exists());
     }
 }

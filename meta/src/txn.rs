@@ -101,6 +101,7 @@ impl Node {
             self.abort(txid, parts.keys().copied()).await;
             return Err(err);
         }
+        crate::fail_point!("txn-prepared");
         match self
             .propose_on(coordinator, Command::Decide { txid, commit: true })
             .await
@@ -119,6 +120,7 @@ impl Node {
                 )));
             }
         }
+        crate::fail_point!("txn-decided");
         let finishes = parts.keys().map(|p| async move {
             (
                 *p,

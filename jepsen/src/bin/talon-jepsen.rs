@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a cluster, run a workload under faults, check the history.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Check a recorded history (history.jsonl) again.
     Check {
         /// The workload that produced it.
@@ -103,6 +103,11 @@ struct RunArgs {
     /// rename's ENOENT or EEXIST, an unlink's success) count as unknown (finding F1).
     #[arg(long)]
     lenient: bool,
+    /// Snapshot partitions after this many log entries, so that nodes back from a fault
+    /// are sent snapshots (default: 300 when the crash fault is on, which can crash a node
+    /// inside a snapshot install; else the server's own).
+    #[arg(long)]
+    snapshot_every: Option<u64>,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -161,6 +166,9 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.keep = a.keep;
     c.lenient = a.lenient;
     c.disk_mib = a.disk_mib;
+    c.snapshot_every = a
+        .snapshot_every
+        .or_else(|| c.nemeses.contains(&NemesisKind::Crash).then_some(300));
     c.talon_bin = match a
         .talon_bin
         .or_else(|| std::env::var_os("TALON_BIN").map(PathBuf::from))
@@ -218,7 +226,7 @@ fn real_main() -> anyhow::Result<bool> {
             Ok(v.valid)
         }
         Cmd::Run(args) => {
-            let cfg = config(args)?;
+            let cfg = config(*args)?;
             // Before any thread exists: only threads started afterwards share the namespace.
             let ns = talon_jepsen::net::enter_private_netns()?;
             tracing_subscriber::fmt()

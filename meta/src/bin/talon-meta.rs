@@ -41,6 +41,8 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// List the fail points this build can arm (builds with the `failpoints` feature only).
+    FailPoints,
     /// Print the Raft state of every partition on a node.
     Status {
         /// The node's address (host:port).
@@ -131,7 +133,19 @@ async fn main() -> anyhow::Result<()> {
             let c = Config::from_toml(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
             c.validate()?;
+            talon_meta::failpoints::follow_env();
             talon_meta::node::run(c, shutdown_signal()).await?;
+            Ok(())
+        }
+        Cmd::FailPoints => {
+            anyhow::ensure!(
+                talon_meta::failpoints::ENABLED,
+                "this talon-meta was built without fail points \
+                 (cargo build -p talon-meta --features failpoints)"
+            );
+            for (name, step) in talon_meta::failpoints::POINTS {
+                println!("{name}\t{step}");
+            }
             Ok(())
         }
         Cmd::Status { addr } => {
