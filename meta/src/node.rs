@@ -74,6 +74,8 @@ pub struct Node {
     /// Partitions whose Raft group stopped on a storage error, once logged.
     failed: Mutex<std::collections::BTreeSet<u32>>,
     dir_touches: Mutex<BTreeMap<Ino, (i32, Time)>>,
+    /// Request records found due, by partition, and since when (see `data::confirmed_due`).
+    pub(crate) requests_due: Mutex<HashMap<u32, HashMap<u64, std::time::Instant>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -206,6 +208,7 @@ impl Node {
             leader_hints: Mutex::new(HashMap::new()),
             failed: Mutex::new(Default::default()),
             dir_touches: Mutex::new(BTreeMap::new()),
+            requests_due: Mutex::new(HashMap::new()),
         });
         node.initialize_groups().await?;
         node.tasks.spawn(crate::txn::recovery_loop(
