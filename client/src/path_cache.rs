@@ -33,6 +33,10 @@
 //!   are not cached at all (non-directory entries of relaxed directories still are, within
 //!   the TTL: they are never used to resolve a path).
 //!
+//! Size: each table holds about `capacity` entries. When one grows past it, expired entries
+//! go first, then the least recently used, down to three quarters of the capacity, so a
+//! traversal bigger than the cache keeps its hot directories instead of starting cold.
+//!
 //! The cache never talks to the network; the client decides what to fill and invalidate.
 
 use dashmap::DashMap;
@@ -43,19 +47,71 @@ use talon_model::{Attr, Class, FileKind, Ino};
 /// Inserts between two capacity checks.
 const CAPACITY_CHECK_EVERY: usize = 1024;
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Stamped<T> {
     value: T,
     filled_at: Instant,
     epoch: u64,
     /// Whether the relaxed TTL bounds this entry.
     expires: bool,
+    /// When it was last served or filled: microseconds since the cache's start.
+    used: AtomicU64,
 }
 
 impl<T> Stamped<T> {
+    fn new(value: T, filled_at: Instant, epoch: u64, expires: bool, used: u64) -> Stamped<T> {
+        Stamped {
+            value,
+            filled_at,
+            epoch,
+            expires,
+            used: AtomicU64::new(used),
+        }
+    }
+
+    /// Marks the entry used at `tick`. At most once a millisecond: a hot directory's entry
+    /// is read by every thread, and a write per read would bounce its cache line.
+    fn touch(&self, tick: u64) {
+        if self.used.load(Ordering::Relaxed) + 1_000 <= tick {
+            self.used.store(tick, Ordering::Relaxed);
+        }
+    }
+
     fn usable(&self, epoch: u64, ttl: Duration, now: Instant) -> bool {
         self.epoch >= epoch && (!self.expires || now.duration_since(self.filled_at) < ttl)
     }
+}
+
+/// Shrinks `table` when it holds more than `capacity` entries: expired entries first, then
+/// the least recently used, down to three quarters of `capacity`.
+fn shrink<K, T>(
+    table: &DashMap<K, Stamped<T>>,
+    capacity: usize,
+    usable: impl Fn(&Stamped<T>) -> bool,
+) where
+    K: Eq + std::hash::Hash,
+{
+    if table.len() <= capacity {
+        return;
+    }
+    table.retain(|_, v| usable(v));
+    let keep = capacity - capacity / 4;
+    if table.len() <= keep {
+        return;
+    }
+    let mut used: Vec<u64> = table
+        .iter()
+        .map(|e| e.value().used.load(Ordering::Relaxed))
+        .collect();
+    let drop_n = used.len().saturating_sub(keep);
+    if drop_n == 0 {
+        return;
+    }
+    // The newest use among the `drop_n` oldest: everything used no later goes. Ties may take
+    // a few more; entries used meanwhile stay.
+    let (_, cut, _) = used.select_nth_unstable(drop_n - 1);
+    let cut = *cut;
+    table.retain(|_, v| v.used.load(Ordering::Relaxed) > cut);
 }
 
 /// A cached directory entry.
@@ -86,6 +142,8 @@ pub struct PathCache {
     ttl: Duration,
     capacity: usize,
     inserts: AtomicUsize,
+    /// Origin of the entries' `used` clocks.
+    start: Instant,
 }
 
 impl PathCache {
@@ -100,7 +158,13 @@ impl PathCache {
             ttl,
             capacity: capacity.max(16),
             inserts: AtomicUsize::new(0),
+            start: Instant::now(),
         }
+    }
+
+    /// `now` on the entries' `used` clock.
+    fn tick(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.start).as_micros() as u64
     }
 
     /// The newest namespace epoch seen.
@@ -139,6 +203,7 @@ impl PathCache {
         let key = (parent, name.to_vec());
         let hit = self.dentries.get(&key)?;
         if hit.usable(self.epoch(), self.ttl, now) {
+            hit.touch(self.tick(now));
             let mut entry = hit.value.clone();
             let filled_at = hit.filled_at;
             drop(hit);
@@ -175,7 +240,17 @@ impl PathCache {
 
     fn note_own(&self, ino: Ino, attr: Option<Attr>) {
         if self.own.len() > self.capacity {
-            self.own.clear();
+            // A change older than the TTL covers no entry that may still be served with
+            // attributes (those expire within the TTL). If younger ones fill the table, the
+            // entries they cover go with them: forgetting a change while an entry filled
+            // before it is still served would show this client its own write undone.
+            let now = Instant::now();
+            self.own
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < self.ttl);
+            if self.own.len() > self.capacity / 2 {
+                self.own.clear();
+                self.dentries.clear();
+            }
         }
         self.own.insert(ino, (attr, Instant::now()));
     }
@@ -221,12 +296,7 @@ impl PathCache {
         };
         self.dentries.insert(
             (parent, name.to_vec()),
-            Stamped {
-                value,
-                filled_at: now,
-                epoch,
-                expires,
-            },
+            Stamped::new(value, now, epoch, expires, self.tick(now)),
         );
         self.note_insert();
     }
@@ -244,6 +314,7 @@ impl PathCache {
     fn dir_at(&self, path: &[u8], now: Instant) -> Option<(Ino, Class)> {
         let hit = self.dirs.get(path)?;
         if hit.usable(self.epoch(), self.ttl, now) {
+            hit.touch(self.tick(now));
             return Some(hit.value);
         }
         drop(hit);
@@ -281,12 +352,7 @@ impl PathCache {
         let expires = relaxed_on_path || class == Class::Relaxed;
         self.dirs.insert(
             path.to_vec(),
-            Stamped {
-                value: (ino, class),
-                filled_at: now,
-                epoch,
-                expires,
-            },
+            Stamped::new((ino, class), now, epoch, expires, self.tick(now)),
         );
         self.note_insert();
     }
@@ -340,18 +406,8 @@ impl PathCache {
             return;
         }
         let (epoch, ttl, now) = (self.epoch(), self.ttl, Instant::now());
-        if self.dentries.len() > self.capacity {
-            self.dentries.retain(|_, v| v.usable(epoch, ttl, now));
-            if self.dentries.len() > self.capacity / 2 {
-                self.dentries.clear();
-            }
-        }
-        if self.dirs.len() > self.capacity {
-            self.dirs.retain(|_, v| v.usable(epoch, ttl, now));
-            if self.dirs.len() > self.capacity / 2 {
-                self.dirs.clear();
-            }
-        }
+        shrink(&self.dentries, self.capacity, |v| v.usable(epoch, ttl, now));
+        shrink(&self.dirs, self.capacity, |v| v.usable(epoch, ttl, now));
         if self.classes.len() > self.capacity {
             self.classes.clear();
         }
@@ -506,6 +562,58 @@ mod tests {
         c.forget_attr(Ino(12));
         assert!(c.dentry_at(Ino(1), b"f", t0).is_none());
         assert!(c.dentry_at(Ino(1), b"g", t1).is_none());
+    }
+
+    /// A table past its capacity drops its least recently used entries, not everything: a
+    /// directory used throughout a traversal bigger than the cache stays cached.
+    #[test]
+    fn a_full_table_drops_the_least_recently_used() {
+        let c = PathCache::new(1, Duration::from_secs(3600), 64);
+        let dir = attr(2, FileKind::Directory, Class::Relaxed);
+        let file = attr(10, FileKind::Regular, Class::Relaxed);
+        let t0 = Instant::now();
+        c.insert_dentry_at(Ino(1), Class::Relaxed, b"hot", &dir, 1, t0);
+        c.insert_dir_at(b"/hot", Ino(2), Class::Relaxed, 1, true, t0);
+        let n = CAPACITY_CHECK_EVERY * 4;
+        for i in 0..n {
+            // A traversal: each step a few milliseconds after the last.
+            let now = t0 + Duration::from_millis(3 * i as u64 + 1);
+            assert!(
+                c.dentry_at(Ino(1), b"hot", now).is_some(),
+                "hot entry lost at {i}"
+            );
+            assert!(c.dir_at(b"/hot", now).is_some(), "hot path lost at {i}");
+            let name = format!("f{i}");
+            c.insert_dentry_at(Ino(2), Class::Relaxed, name.as_bytes(), &file, 1, now);
+            let path = format!("/hot/d{i}");
+            c.insert_dir_at(path.as_bytes(), Ino(3), Class::Relaxed, 1, true, now);
+        }
+        let (dentries, dirs) = c.sizes();
+        assert!(dentries <= 64 + CAPACITY_CHECK_EVERY, "{dentries} dentries");
+        assert!(dirs <= 64 + CAPACITY_CHECK_EVERY, "{dirs} paths");
+        // The newest of the traversal are still there too: the table was not emptied.
+        let last = t0 + Duration::from_millis(3 * n as u64);
+        let name = format!("f{}", n - 1);
+        assert!(c.dentry_at(Ino(2), name.as_bytes(), last).is_some());
+    }
+
+    /// Own changes that overflow their table take the entries they cover with them, so an
+    /// entry filled before this client's change never shows the change undone.
+    #[test]
+    fn own_changes_are_never_forgotten_while_entries_they_cover_are_served() {
+        let c = PathCache::new(1, Duration::from_secs(3600), 16);
+        let before = attr(10, FileKind::Regular, Class::Relaxed);
+        c.insert_dentry(Ino(1), Class::Relaxed, b"f", &before, 1);
+        let mut after = before.clone();
+        after.perm = 0o600;
+        c.note_attr(&after);
+        for i in 0..40u64 {
+            c.note_attr(&attr(100 + i, FileKind::Regular, Class::Relaxed));
+        }
+        match c.dentry(Ino(1), b"f") {
+            None => {}
+            Some(e) => assert_eq!(e.attr.perm, 0o600, "own chmod undone"),
+        }
     }
 
     #[test]

@@ -128,6 +128,18 @@ pub struct Cluster {
     /// Dropped after the nodes are killed (see `Drop`), which unmounts them.
     disks: Option<Disks>,
     filled: BTreeSet<u64>,
+    exits: Vec<Exit>,
+}
+
+/// A node process that ended by itself: how, and the last lines of its log.
+#[derive(Clone, Debug)]
+pub struct Exit {
+    /// The node.
+    pub node: u64,
+    /// `exit N` or `signal N`.
+    pub how: String,
+    /// The last lines of its log then.
+    pub last: String,
 }
 
 /// The loopback address of node `id`.
@@ -183,6 +195,7 @@ impl Cluster {
             starts: 0,
             disks: None,
             filled: BTreeSet::new(),
+            exits: Vec::new(),
         })
     }
 
@@ -312,11 +325,28 @@ impl Cluster {
         let Ok(n) = self.node(id) else {
             return NodeState::Down;
         };
-        match n.child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(None)) if n.paused => NodeState::Paused,
-            Some(Ok(None)) => NodeState::Up,
-            _ => NodeState::Down,
-        }
+        let exited = match n.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) if n.paused => return NodeState::Paused,
+            Some(Ok(None)) => return NodeState::Up,
+            Some(Ok(Some(status))) => {
+                n.child = None;
+                status
+            }
+            _ => return NodeState::Down,
+        };
+        use std::os::unix::process::ExitStatusExt;
+        let how = match exited.signal() {
+            Some(s) => format!("signal {s}"),
+            None => format!("exit {}", exited.code().unwrap_or(-1)),
+        };
+        let last = tail(&n.log, 3).replace('\n', " | ");
+        self.exits.push(Exit { node: id, how, last });
+        NodeState::Down
+    }
+
+    /// The nodes that stopped by themselves (not killed by the harness), in order.
+    pub fn exits(&self) -> &[Exit] {
+        &self.exits
     }
 
     /// Starts every node that is not running.

@@ -337,13 +337,22 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         _ => Ok(()),
     };
     drop(mount);
-    let (restarts, crashes, panics) = {
+    let (restarts, crashes, panics, exits) = {
         let mut c = match cluster.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        // Notes any node that ended by itself since the last heal.
+        for id in c.ids() {
+            c.state(id);
+        }
         c.stop_all();
-        (c.starts() - cfg.nodes, c.fail_point_crashes(), c.panics())
+        (
+            c.starts() - cfg.nodes,
+            c.fail_point_crashes(),
+            c.panics(),
+            c.exits().to_vec(),
+        )
     };
     let events = rec.finish().map_err(|source| RunError::Io {
         what: "write the history".into(),
@@ -374,7 +383,11 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         &events,
         &verdict,
         &nemesis,
-        &Nodes { restarts, crashes },
+        &Nodes {
+            restarts,
+            crashes,
+            exits,
+        },
         workers_done,
         &kept,
     );
@@ -413,6 +426,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 struct Nodes {
     restarts: u64,
     crashes: BTreeMap<String, u64>,
+    exits: Vec<crate::cluster::Exit>,
 }
 
 /// The human summary of a run: operations by outcome, faults, latency and availability
@@ -501,6 +515,28 @@ fn summarize(
                 died.join(", ")
             }
         );
+    }
+    if !nodes.exits.is_empty() {
+        let mut by: BTreeMap<(u64, &str), u64> = BTreeMap::new();
+        for e in &nodes.exits {
+            *by.entry((e.node, e.how.as_str())).or_default() += 1;
+        }
+        let list: Vec<String> = by
+            .iter()
+            .map(|((n, how), k)| format!("n{n} {how} x{k}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  nodes that stopped by themselves: {} ({})",
+            nodes.exits.len(),
+            list.join(", ")
+        );
+        let mut shown = std::collections::BTreeSet::new();
+        for e in &nodes.exits {
+            if shown.insert(e.how.as_str()) {
+                let _ = writeln!(s, "    last words of n{} ({}): {}", e.node, e.how, e.last);
+            }
+        }
     }
     for e in &nemesis.errors {
         let _ = writeln!(s, "  nemesis error: {e}");

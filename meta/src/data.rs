@@ -453,10 +453,7 @@ impl Node {
                 }
             };
             let due = {
-                let mut all = self
-                    .requests_due
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut all = self.requests_due.lock().unwrap_or_else(|e| e.into_inner());
                 confirmed_due(
                     all.entry(*p).or_default(),
                     due,
@@ -606,7 +603,10 @@ mod tests {
         assert!(!seen.contains_key(&3));
         // The hold after the first sight: 1 and 2 go, 4 waits for its own.
         let t2 = t0 + hold;
-        assert_eq!(confirmed_due(&mut seen, vec![1, 2, 4], t2, hold), vec![1, 2]);
+        assert_eq!(
+            confirmed_due(&mut seen, vec![1, 2, 4], t2, hold),
+            vec![1, 2]
+        );
         assert_eq!(confirmed_due(&mut seen, vec![4], t1 + hold, hold), vec![4]);
     }
 }
