@@ -5,7 +5,7 @@
 use talon_bench::mdtest::{self, MdtestArgs};
 use talon_bench::target::TargetSpec;
 use talon_client::{Client, ClientOptions, FileKind};
-use talon_meta::testing::TestCluster;
+use talon_testkit::TestCluster;
 
 /// (files, directories) below `path`, listed through a fresh client.
 async fn count(client: &Client, path: &str) -> (usize, usize) {

@@ -7,7 +7,7 @@ use talon_bench::imagenet::{self, ImagenetArgs};
 use talon_bench::target::TargetSpec;
 use talon_bench::traverse::{self, TraverseArgs};
 use talon_client::{Client, ClientOptions};
-use talon_meta::testing::TestCluster;
+use talon_testkit::TestCluster;
 
 fn local_files(root: &Path) -> Vec<(String, u64)> {
     let mut out = Vec::new();

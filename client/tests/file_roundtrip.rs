@@ -8,7 +8,7 @@ use common::{errno, Fixture};
 use talon_client::{Client, Errno, MkdirOptions, OpenOptions};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use talon_meta::testing::pattern;
+use talon_testkit::pattern;
 
 fn sizes(c: &Client) -> Vec<usize> {
     let t = c.cluster_map().small_file_max as usize;

@@ -10,7 +10,7 @@ use fuse_support::Mounted;
 use std::io::Write;
 use std::time::{Duration, Instant};
 use talon_meta::config::SpaceConfig;
-use talon_meta::testing::{SmallFs, TestCluster};
+use talon_testkit::{SmallFs, TestCluster};
 
 const FS_BYTES: u64 = 64 << 20;
 const FILE_BYTES: usize = 200_000;
@@ -19,7 +19,7 @@ const MAX_FILES: usize = 1_000;
 
 /// File `i`'s contents: incompressible, so the disk really fills.
 fn body(i: usize) -> Vec<u8> {
-    talon_meta::testing::pattern(i as u64, FILE_BYTES)
+    talon_testkit::pattern(i as u64, FILE_BYTES)
 }
 
 /// Writes file `i` whole and syncs it, so an error of the write reaches the caller (a plain

@@ -16,7 +16,7 @@ use talon_client::{ImportOptions, ImportProgress};
 /// Contents of file `i`: 1-4 KiB, derived from `i`.
 fn body(i: usize) -> Vec<u8> {
     let len = 1024 + (i * 7919) % 3072;
-    talon_meta::testing::pattern(i as u64 + 1, len)
+    talon_testkit::pattern(i as u64 + 1, len)
 }
 
 /// Writes `n` files into `classes` directories under `root`; returns their relative paths.

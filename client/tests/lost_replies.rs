@@ -16,7 +16,7 @@ mod common;
 
 use common::Fixture;
 use talon_client::{Client, RenameFlags, XattrFlags};
-use talon_meta::testing::TestCluster;
+use talon_testkit::TestCluster;
 
 /// Runs `op` with the node's next reply lost; panics if no reply was lost.
 async fn with_lost_reply<T>(cluster: &TestCluster, op: impl std::future::Future<Output = T>) -> T {

@@ -340,7 +340,11 @@ impl Cluster {
             None => format!("exit {}", exited.code().unwrap_or(-1)),
         };
         let last = tail(&n.log, 3).replace('\n', " | ");
-        self.exits.push(Exit { node: id, how, last });
+        self.exits.push(Exit {
+            node: id,
+            how,
+            last,
+        });
         NodeState::Down
     }
 

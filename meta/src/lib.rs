@@ -20,7 +20,6 @@
 //! - `txn`: two-phase commit across partitions and recovery of stale intents.
 //! - `service`: the gRPC edge: wire validation and error mapping.
 //! - `failpoints`: named steps a fault-injection harness can crash or slow (a feature).
-//! - `testing`: an in-process cluster fixture for tests.
 
 pub mod apply;
 pub mod config;
@@ -35,7 +34,6 @@ pub mod raft_log;
 pub mod service;
 pub mod sm;
 pub mod space;
-pub mod testing;
 pub mod tuning;
 pub mod txn;
 pub mod types;

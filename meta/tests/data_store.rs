@@ -25,7 +25,7 @@ fn hdr(partition: u32) -> Option<pb::RequestHeader> {
 }
 
 fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    talon_meta::testing::pattern(seed, n)
+    talon_testkit::pattern(seed, n)
 }
 
 struct Fx {

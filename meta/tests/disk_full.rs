@@ -8,13 +8,13 @@ mod common;
 use common::{eventually, settled_leader};
 use std::time::Duration;
 use talon_meta::config::SpaceConfig;
-use talon_meta::testing::{SmallFs, TestCluster};
+use talon_testkit::{SmallFs, TestCluster};
 
 const FILE_BYTES: usize = 200_000;
 
 /// File `i`'s contents: incompressible, so the disk really fills.
 fn body(i: usize) -> Vec<u8> {
-    talon_meta::testing::pattern(i as u64, FILE_BYTES)
+    talon_testkit::pattern(i as u64, FILE_BYTES)
 }
 
 /// Waits until every partition's replica on node `id` has applied what its leader had.

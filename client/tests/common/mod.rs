@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 use talon_client::{Client, ClientOptions, Errno, TalonError};
-use talon_meta::testing::{TestCluster, TestClusterBuilder};
+use talon_testkit::{TestCluster, TestClusterBuilder};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The staleness bound the fixture's clusters use.

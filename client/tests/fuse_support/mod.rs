@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use talon_client::fuse::{Mount, MountOptions};
 use talon_client::{Client, ClientOptions};
-use talon_meta::testing::{TestCluster, TestClusterBuilder};
+use talon_testkit::{TestCluster, TestClusterBuilder};
 
 /// The strict prefix of the fixture's clusters.
 pub const STRICT_PREFIX: &str = "/ckpt";

@@ -1,5 +1,5 @@
 //! Shared fixtures of the server's integration tests: an in-process cluster (re-exported
-//! from `talon_meta::testing`) and a cluster of real `talon-meta` processes that a test can
+//! from `talon_testkit`) and a cluster of real `talon-meta` processes that a test can
 //! SIGKILL, for crash tests. Every process is killed when the fixture drops.
 
 #![allow(dead_code)]
@@ -11,7 +11,7 @@ use talon_client::{Client, ClientOptions};
 use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
 
 #[allow(unused_imports)]
-pub use talon_meta::testing::TestCluster;
+pub use talon_testkit::TestCluster;
 
 /// A client of `addrs` with a generous per-operation deadline.
 pub async fn client(addrs: &[String]) -> Client {

@@ -1,3 +1,7 @@
+//! talon-testkit: Talon's test fixtures, a crate of their own so that the production
+//! library (`talon-meta`) carries none of them, nor their dependencies. It uses only
+//! `talon-meta`'s public API.
+//!
 //! An in-process cluster for tests: N real nodes in this process, each a gRPC server on
 //! 127.0.0.1 with a port picked by the OS and its own temporary data directory. Nodes can
 //! be stopped and restarted on the same port and data (a clean stop: every task and Raft
@@ -9,13 +13,13 @@
 //! node and is carried out, the answer never reaches the client, and the connection
 //! breaks — the "applied, but the client does not know" case of a real network.
 
-use crate::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
-use crate::node::RunningNode;
 use openraft::ServerState;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
+use talon_meta::node::RunningNode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
