@@ -622,26 +622,12 @@ pub fn mode_string(perm: u32) -> String {
     s
 }
 
-/// `YYYY-MM-DD HH:MM:SS` in UTC.
+/// `YYYY-MM-DD HH:MM:SS` in UTC (seconds since the epoch, past what a calendar shows).
 pub fn format_time(t: Time) -> String {
-    let days = t.secs.div_euclid(86_400);
-    let rem = t.secs.rem_euclid(86_400);
-    // Civil-from-days (proleptic Gregorian), after Howard Hinnant's date algorithms.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    match chrono::DateTime::from_timestamp(t.secs, 0) {
+        Some(d) => d.format("%Y-%m-%d %H:%M:%S").to_string(),
+        None => format!("{}s since 1970", t.secs),
+    }
 }
 
 fn write_stat(out: &mut impl Write, path: &str, a: &Attr) -> std::io::Result<()> {
@@ -746,28 +732,12 @@ pub fn describe(e: &TalonError) -> String {
     let TalonError::Posix { errno, .. } = e else {
         return e.to_string();
     };
-    let text = match *errno {
-        Errno::EPERM => "Operation not permitted",
-        Errno::ENOENT => "No such file or directory",
-        Errno::EIO => "Input/output error",
-        Errno::EACCES => "Permission denied",
-        Errno::EBUSY => "Device or resource busy",
-        Errno::EEXIST => "File exists",
-        Errno::EXDEV => "Invalid cross-device link",
-        Errno::ENOTDIR => "Not a directory",
-        Errno::EISDIR => "Is a directory",
-        Errno::EINVAL => "Invalid argument",
-        Errno::ENOSPC => "No space left on device",
-        Errno::EMLINK => "Too many links",
-        Errno::ENAMETOOLONG => "File name too long",
-        Errno::ENOTEMPTY => "Directory not empty",
-        Errno::ELOOP => "Too many levels of symbolic links",
-        Errno::ENODATA => "No data available",
-        Errno::ENOTSUP => "Operation not supported",
-        Errno::ETIMEDOUT => "Connection timed out",
-        _ => return e.to_string(),
-    };
-    text.to_string()
+    // The C library's wording, from nix's table (it answers "Unknown errno" for a number
+    // it does not know, and then the error's own text says more).
+    match nix::errno::Errno::from_raw(errno.0) {
+        nix::errno::Errno::UnknownErrno => e.to_string(),
+        known => known.desc().to_string(),
+    }
 }
 
 #[cfg(test)]
