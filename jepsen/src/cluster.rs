@@ -339,7 +339,13 @@ impl Cluster {
             Some(s) => format!("signal {s}"),
             None => format!("exit {}", exited.code().unwrap_or(-1)),
         };
-        let last = tail(&n.log, 3).replace('\n', " | ");
+        // The error it ended with, if its log says (a backtrace may follow it); else its
+        // last lines.
+        let text = tail(&n.log, 80);
+        let last = match text.lines().rev().find(|l| l.starts_with("Error: ")) {
+            Some(l) => l.to_string(),
+            None => tail(&n.log, 3).replace('\n', " | "),
+        };
         self.exits.push(Exit {
             node: id,
             how,

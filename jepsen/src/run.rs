@@ -359,6 +359,22 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         source,
     })?;
     let mut verdict = cfg.workload.check(&events, cfg.lenient);
+    // A node that ends by itself with an exit status (not a signal: a crash at a fail point
+    // is SIGABRT) failed at something it should survive, such as starting again.
+    let failed_exits: Vec<String> = exits
+        .iter()
+        .filter(|e| e.how.starts_with("exit"))
+        .map(|e| format!("node {} ended by itself ({}): {}", e.node, e.how, e.last))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !failed_exits.is_empty() {
+        verdict = verdict.and(Verdict {
+            valid: false,
+            anomalies: failed_exits,
+            checked: String::new(),
+        });
+    }
     if !panics.is_empty() {
         verdict = verdict.and(Verdict {
             valid: false,

@@ -130,8 +130,8 @@ impl LogDb {
         }
     }
 
-    /// The log store of one group whose purges never pass `mark`, its state machine's
-    /// stored snapshot.
+    /// The log store of one group whose purges wait for `mark`, its state machine's stored
+    /// snapshot, to reach them.
     pub fn group_behind(self: &Arc<Self>, group: u32, mark: Arc<SnapshotMark>) -> LogStore {
         LogStore {
             group,
@@ -184,25 +184,51 @@ fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<T
 }
 
 /// The last log id a partition's stored snapshot covers: set by its state machine once a
-/// snapshot is durably in place, read by its log, which never purges past it.
+/// snapshot is durably in place, read by its log, which purges nothing past it.
 ///
-/// openraft 0.9 purges the log behind a received snapshot without waiting for the state
-/// machine to install it. A crash between the two left a log purged past the stored
-/// snapshot, and openraft then refuses to start the group (it panics on the invariant
-/// `purge_upto <= snapshot_last_log_id`). The fault-injection harness found it with a crash
-/// at the `snapshot-install-files` fail point.
-#[derive(Debug, Default)]
-pub struct SnapshotMark(std::sync::Mutex<Option<LogId<NodeId>>>);
+/// openraft 0.9 asks to purge the log behind a received snapshot in the same step as it
+/// hands the snapshot to the state machine, without waiting for the install. A crash between
+/// the two left a log purged past the stored snapshot, and openraft then refuses to start
+/// the group (it panics on `purge_upto <= snapshot_last_log_id`): finding F5 of the
+/// fault-injection harness. So a purge past the stored snapshot waits for it.
+#[derive(Debug)]
+pub struct SnapshotMark(tokio::sync::watch::Sender<Option<LogId<NodeId>>>);
+
+impl Default for SnapshotMark {
+    fn default() -> SnapshotMark {
+        SnapshotMark(tokio::sync::watch::Sender::new(None))
+    }
+}
+
+/// Longest a purge waits for the snapshot it follows to be stored.
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl SnapshotMark {
     /// The last log id the stored snapshot covers (None: no snapshot).
     pub fn get(&self) -> Option<LogId<NodeId>> {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.0.borrow()
     }
 
     /// Records a snapshot durably stored up to `id`.
     pub fn set(&self, id: Option<LogId<NodeId>>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = id;
+        self.0.send_replace(id);
+    }
+
+    /// Waits until the stored snapshot reaches `id`, at most `limit`.
+    async fn reach(&self, id: LogId<NodeId>, limit: std::time::Duration) -> Result<(), String> {
+        let mut rx = self.0.subscribe();
+        let reached = tokio::time::timeout(limit, async {
+            rx.wait_for(|m| *m >= Some(id)).await.map(|_| ())
+        })
+        .await;
+        match reached {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err("the state machine is gone".into()),
+            Err(_) => Err(format!(
+                "no snapshot up to {id} was stored within {limit:?} (stored: {:?})",
+                self.get()
+            )),
+        }
     }
 }
 
@@ -211,7 +237,7 @@ impl SnapshotMark {
 pub struct LogStore {
     group: u32,
     db: Arc<LogDb>,
-    /// Purges stop at this snapshot mark (see [`SnapshotMark`]).
+    /// Purges wait for this snapshot mark (see [`SnapshotMark`]).
     mark: Option<Arc<SnapshotMark>>,
 }
 
@@ -425,15 +451,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        let log_id = match self.mark.as_ref().map(|m| m.get()) {
-            // Behind a snapshot not yet stored: purge only what the stored one covers. The
-            // rest goes with the next purge, after the next snapshot.
-            Some(stored) if stored < Some(log_id) => match stored {
-                Some(s) => s,
-                None => return Ok(()),
-            },
-            _ => log_id,
-        };
+        if let Some(mark) = &self.mark {
+            // Behind a received snapshot still being installed: wait for it to be stored.
+            // (Purging less instead would leave a hole between the old entries kept and the
+            // new ones appended after the snapshot.)
+            mark.reach(log_id, PURGE_WAIT)
+                .await
+                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, Corrupt(e)))?;
+        }
         let done: Option<LogId<NodeId>> = self.get_meta(b'p', ErrorSubject::Logs)?;
         if done >= Some(log_id) {
             return Ok(());
@@ -457,6 +482,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, EntryPayload};
+    use std::time::Duration;
 
     fn id(index: u64) -> LogId<NodeId> {
         LogId::new(CommittedLeaderId::new(1, 1), index)
@@ -479,33 +505,39 @@ mod tests {
         s
     }
 
-    /// A purge never passes the stored snapshot, and a committed id past the log's end is
-    /// not claimed at start-up. openraft purges behind a received snapshot before it is
-    /// installed; a crash in between left a replica openraft refused to start
-    /// (`talon-jepsen`, a crash at the `snapshot-install-files` fail point).
+    /// A purge waits for the stored snapshot to reach it, and a committed id past the log's
+    /// end is not claimed at start-up. openraft purges behind a received snapshot before it
+    /// is installed; a crash in between left a replica openraft refused to start
+    /// (`talon-jepsen`, a crash at the `snapshot-install-files` fail point, finding F5).
     #[tokio::test]
-    async fn a_purge_stops_at_the_stored_snapshot() {
+    async fn a_purge_waits_for_the_stored_snapshot() {
         let dir = tempfile::tempdir().expect("temp dir");
         let mark = Arc::new(SnapshotMark::default());
         let mut s = store_with_entries(dir.path(), 10, mark.clone());
 
-        // No snapshot stored yet: nothing is purged.
-        s.purge(id(8)).await.expect("purge");
+        // No snapshot stored yet: the purge waits, and nothing is purged meanwhile.
+        let mut purging = s.clone();
+        let purge = tokio::spawn(async move { purging.purge(id(8)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!purge.is_finished());
         let st = s.get_log_state().await.expect("log state");
         assert_eq!(st.last_purged_log_id, None);
         assert_eq!(s.try_get_log_entries(1..11).await.expect("read").len(), 10);
 
-        // A snapshot up to 5: a purge asked up to 8 stops at 5, and resumes later.
+        // A snapshot short of it does not release it; one that reaches it does.
         mark.set(Some(id(5)));
-        s.purge(id(8)).await.expect("purge");
-        let st = s.get_log_state().await.expect("log state");
-        assert_eq!(st.last_purged_log_id, Some(id(5)));
-        assert_eq!(st.last_log_id, Some(id(10)));
-        assert_eq!(s.try_get_log_entries(6..11).await.expect("read").len(), 5);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!purge.is_finished());
         mark.set(Some(id(9)));
-        s.purge(id(8)).await.expect("purge");
+        purge.await.expect("join").expect("purge");
         let st = s.get_log_state().await.expect("log state");
         assert_eq!(st.last_purged_log_id, Some(id(8)));
+        assert_eq!(st.last_log_id, Some(id(10)));
+        assert_eq!(s.try_get_log_entries(9..11).await.expect("read").len(), 2);
+
+        // A mark that never comes is an error after the bound, not a hang.
+        let err = mark.reach(id(50), Duration::from_millis(50)).await;
+        assert!(err.is_err());
 
         // A committed id saved past the entries this replica holds is read back as its end.
         s.save_committed(Some(id(20)))
