@@ -4,7 +4,7 @@
 //! Routing follows the contract in `talon.proto`: entry operations (lookup, create, remove,
 //! link, rename) go to `entry_partition(parent, name, parent_class, P)`, inode operations
 //! to the ino's home partition. The parent's class comes from the path cache's class table,
-//! or from a strict `GetAttr` of the parent; a `WrongPartition` answer (the class changed
+//! or from a strict `GetAttr` of the parent; a `ClassChanged` answer (the class changed
 //! while the directory was empty) drops it, re-fetches it, and sends the request once more.
 //!
 //! Epochs: every write, and every strict read, carries the client's namespace epoch;
@@ -334,7 +334,7 @@ impl Client {
         Ok(attr.class)
     }
 
-    /// Runs entry operation `f` with `parent`'s class; on `WrongPartition` re-fetches the
+    /// Runs entry operation `f` with `parent`'s class; on `ClassChanged` re-fetches the
     /// class and runs it once more.
     pub(crate) async fn with_parent_class<T, F, Fut>(
         &self,
@@ -347,8 +347,8 @@ impl Client {
     {
         let class = self.dir_class(parent).await?;
         match f(class).await {
-            Err(TalonError::WrongPartition(m)) => {
-                tracing::debug!(%parent, "wrong partition ({m}); re-fetching the class");
+            Err(TalonError::ClassChanged(m)) => {
+                tracing::debug!(%parent, "class changed ({m}); re-fetching the class");
                 self.cache().forget_class(parent);
                 let fresh = self.dir_class(parent).await?;
                 f(fresh).await

@@ -84,7 +84,7 @@ impl Client {
             .readdir_page_once(dir, cursor, limit, plus, strict)
             .await
         {
-            Err(TalonError::WrongPartition(_)) => {
+            Err(TalonError::ClassChanged(_)) => {
                 // The class changed while the directory was empty: route by the new one.
                 self.cache().forget_class(dir);
                 self.readdir_page_once(dir, cursor, limit, plus, strict)

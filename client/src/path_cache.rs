@@ -9,7 +9,7 @@
 //!   that a cached entry never shows this client an attribute older than its own write;
 //! - directory classes: `ino → class`, used to route entry operations. A directory's class
 //!   can only change while it is empty, and then no entry of it exists to misroute; a
-//!   `WrongPartition` answer still makes the client drop and re-fetch the class.
+//!   `ClassChanged` answer still makes the client drop and re-fetch the class.
 //!
 //! Invariants that keep the cache safe:
 //!
@@ -375,7 +375,7 @@ impl PathCache {
         self.classes.insert(ino, class);
     }
 
-    /// Forgets the class of directory `ino` (after a `WrongPartition` answer, or its removal).
+    /// Forgets the class of directory `ino` (after a `ClassChanged` answer, or its removal).
     pub fn forget_class(&self, ino: Ino) {
         self.classes.remove(&ino);
     }

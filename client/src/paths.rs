@@ -65,7 +65,7 @@ fn not_dir(comps: &[Vec<u8>]) -> TalonError {
 impl Client {
     /// Runs path operation `f` with the current epoch; after `StaleEpoch` (cache dropped)
     /// runs it again with the newer epoch, up to `STALE_ATTEMPTS` times in all, and after
-    /// `WrongPartition` (a directory's class changed: classes dropped) once more.
+    /// `ClassChanged` (a directory's class changed: classes dropped) once more.
     pub(crate) async fn path_op<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
     where
         F: Fn(u64) -> Fut,
@@ -80,8 +80,8 @@ impl Client {
                     self.cache().clear();
                     stale_backoff(attempts + 1).await;
                 }
-                Err(TalonError::WrongPartition(m)) if !class_retried => {
-                    tracing::debug!("wrong partition ({m}); dropping cached classes");
+                Err(TalonError::ClassChanged(m)) if !class_retried => {
+                    tracing::debug!("class changed ({m}); dropping cached classes");
                     self.cache().clear();
                     self.cache().clear_classes();
                     class_retried = true;

@@ -11,7 +11,7 @@
 //!   `Unavailable` and transport failures move to the next replica after a short backoff;
 //!   `Retry` backs off (5 ms doubling to 200 ms) and asks again; `WrongPartition` refreshes
 //!   the cluster map once and asks again;
-//! - `StaleEpoch`, POSIX and `Invalid` answers return to the caller at once: the router does
+//! - `StaleEpoch`, `ClassChanged`, POSIX and `Invalid` answers return to the caller at once: the router does
 //!   not know how to re-resolve a path;
 //! - everything is bounded by the operation deadline (`ClientOptions::op_timeout`), after
 //!   which the last error is returned.

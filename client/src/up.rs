@@ -14,7 +14,7 @@ use crate::transport::LocalNode;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use talon_meta::config::{Config, NodeEntry};
-use talon_meta::node::RunningNode;
+use talon_meta::server::RunningNode;
 
 /// The node's address when none is given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7001";

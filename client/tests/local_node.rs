@@ -13,7 +13,7 @@ async fn a_local_node_answers_without_a_listener() {
     let dir = tempfile::tempdir().expect("temp dir");
     // Port 1 on loopback: nothing listens there, so a call sent over TCP would fail.
     let addr = "127.0.0.1:1";
-    let node = talon_meta::node::Node::open(node_config(dir.path(), addr))
+    let node = talon_meta::server::open(node_config(dir.path(), addr))
         .await
         .expect("open the node");
     let local = LocalNode::new(addr, talon_meta::service::namespace(node.clone()));

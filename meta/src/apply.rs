@@ -146,18 +146,38 @@ pub enum Fatal {
     /// A stored record does not decode.
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// The store was written in a format this build does not read.
+    #[error(transparent)]
+    Format(#[from] crate::format::StoreFormatError),
+}
+
+/// A storage failure seen on a read path. Corrupt data is an I/O error for the caller
+/// (another replica would answer the same for replicated corruption, and retrying cannot
+/// help); anything else means this node cannot serve: retry elsewhere.
+pub fn storage_error(e: Fatal) -> talon_model::TalonError {
+    use talon_model::TalonError;
+    tracing::error!("storage: {e}");
+    match &e {
+        Fatal::Rocks(r) if r.kind() == rocksdb::ErrorKind::Corruption => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        Fatal::Corrupt(_) => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        _ => TalonError::Unavailable(format!("storage: {e}")),
+    }
 }
 
 /// Encodes a value for storage.
 pub fn enc<T: Serialize>(v: &T) -> Vec<u8> {
-    // bincode of our own plain structs cannot fail (no maps with non-string keys issue,
-    // no unsized sequences); an empty value would be caught by the decoder on read.
-    bincode::serialize(v).unwrap_or_default()
+    // Encoding our own plain structs cannot fail (no sequences of unknown length); an
+    // empty value would be caught by the decoder on read.
+    crate::format::encode(v).unwrap_or_default()
 }
 
 /// Decodes a stored value.
 pub fn dec<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T, Fatal> {
-    bincode::deserialize(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
+    crate::format::decode(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
 }
 
 /// Staged writes: key → Some(value) to put, None to delete.

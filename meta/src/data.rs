@@ -17,17 +17,18 @@
 //!   partition once enough bodies or chunks were deleted; BlobDB's garbage collection
 //!   relocates live blobs during compaction. Neither blocks reads or writes.
 
-use crate::apply::{dec, BodyRec, ChunkRec, InodeRec};
+use crate::apply::storage_error;
+use crate::apply::{dec, ChunkRec};
 use crate::keys;
-use crate::node::{storage_error, Node, PeerReply, PeerRequest};
+use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
-use crate::sm::SmStore;
+use crate::reads::{read_stored, OpenFile};
 use crate::types::{Command, CommandResult, Layout, Op};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use talon_model::placement::chunk_partition;
-use talon_model::{Attr, Errno, FileKind, Ino, TalonError, Time};
+use talon_model::{Attr, Errno, Ino, TalonError, Time};
 use tokio_util::sync::CancellationToken;
 
 /// Chunks examined per partition per garbage-collection round.
@@ -42,18 +43,6 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
 
-/// A file as `Open` answers it: attributes, layout (chunked files), body (small files).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct OpenFile {
-    /// Attributes.
-    pub attr: Attr,
-    /// Layout of a chunked file.
-    pub layout: Option<Layout>,
-    /// Body of a small file, when asked for.
-    #[serde(with = "serde_bytes")]
-    pub body: Option<Vec<u8>>,
-}
-
 /// Reads a file's inode and (small, asked for) body from `part`'s state, verifying the
 /// body's checksum.
 pub fn read_local(
@@ -62,48 +51,6 @@ pub fn read_local(
     want_body: bool,
 ) -> Result<Option<OpenFile>, TalonError> {
     read_stored(&part.store, ino, want_body)
-}
-
-/// What [`read_local`] reads, from a partition replica's store: the packed store's read
-/// path (one point-in-time view, the inode, the body and its checksum).
-pub fn read_stored(
-    store: &SmStore,
-    ino: Ino,
-    want_body: bool,
-) -> Result<Option<OpenFile>, TalonError> {
-    let got = store
-        .read(|v| {
-            let Some(rec) = v.inode(ino)? else {
-                return Ok(None);
-            };
-            let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout.is_none() {
-                match v.get_self_checked(&keys::body(ino))? {
-                    Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
-                    None => Some(None),
-                }
-            } else {
-                None
-            };
-            Ok(Some((rec, body)))
-        })
-        .map_err(storage_error)?;
-    let Some((rec, body)) = got else {
-        return Ok(None);
-    };
-    let InodeRec { attr, layout, .. } = rec;
-    let body = match body {
-        None => None,
-        Some(None) => Some(Vec::new()),
-        Some(Some(b)) if b.verify() => Some(b.data),
-        Some(Some(_)) => {
-            tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
-            return Err(posix(
-                Errno::EIO,
-                format!("checksum mismatch in the body of inode {ino}"),
-            ));
-        }
-    };
-    Ok(Some(OpenFile { attr, layout, body }))
 }
 
 impl Node {

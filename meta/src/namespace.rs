@@ -21,8 +21,9 @@
 //! effect on the serving partition, so a copy the client sends again after a lost answer is
 //! answered from the record (as done) instead of being applied again or refused.
 
+use crate::apply::storage_error;
 use crate::apply::{fresh_attr, is_unlinked, Dentry, InodeRec, RequestRec};
-use crate::node::{storage_error, Node, PeerReply, PeerRequest};
+use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::types::{AttrChange, CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
@@ -107,27 +108,6 @@ fn check_name(name: &[u8]) -> Result<(), TalonError> {
     })
 }
 
-/// The class of `dir` as its home partition knows it: ENOENT if removed or absent,
-/// ENOTDIR if not a directory.
-pub fn home_dir_class(part: &Partition, dir: Ino) -> Result<Class, TalonError> {
-    let rec = part
-        .store
-        .read(|v| {
-            if v.get(&crate::keys::tombstone(dir))?.is_some() {
-                return Ok(None);
-            }
-            v.inode(dir)
-        })
-        .map_err(storage_error)?;
-    match rec {
-        None => Err(posix(Errno::ENOENT, format!("no directory {dir}"))),
-        Some(r) if r.attr.kind != FileKind::Directory => {
-            Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory")))
-        }
-        Some(r) => Ok(r.attr.class),
-    }
-}
-
 /// An inode's link count change (and, for a moved directory, its new parent), with ctime.
 fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
     Op::AdjustInode {
@@ -200,7 +180,7 @@ impl Node {
     /// (it was fetched from the directory's home partition).
     async fn dir_class(&self, part: &Partition, dir: Ino) -> Result<(Class, bool), TalonError> {
         if dir.home() == part.id {
-            return Ok((home_dir_class(part, dir)?, false));
+            return Ok((crate::reads::dir_class(&part.store, dir)?, false));
         }
         let known = part
             .store
@@ -236,7 +216,7 @@ impl Node {
         let (class, learn) = self.dir_class(part, dir).await?;
         let want = entry_partition(dir, name, class, self.partitions_count());
         if want != part.id {
-            return Err(TalonError::WrongPartition(format!(
+            return Err(TalonError::ClassChanged(format!(
                 "entry {:?} of {dir} ({}) lives on partition {want}, not {}",
                 String::from_utf8_lossy(name),
                 class.as_str(),
@@ -315,8 +295,9 @@ impl Node {
         if let Some(c) = known_class {
             let want = entry_partition(parent, name, c, self.partitions_count());
             if want != p {
-                return Err(TalonError::WrongPartition(format!(
-                    "entry lives on partition {want}"
+                return Err(TalonError::ClassChanged(format!(
+                    "entry lives on partition {want} under {parent}'s class {}",
+                    c.as_str()
                 )));
             }
         }

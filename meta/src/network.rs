@@ -2,7 +2,7 @@
 //! group's Raft traffic and by transaction calls between partition leaders (multi-Raft
 //! over one connection). Implements openraft's `RaftNetworkFactory` per partition.
 //!
-//! Payloads are bincode of openraft's request/response types, wrapped in a `RaftRequest`
+//! Payloads are postcard (see `format`) of openraft's request/response types, wrapped in a `RaftRequest`
 //! that names the partition. A transport failure is reported to openraft as `Unreachable`
 //! so it backs off; an error raised by the remote Raft is passed through as `RemoteError`.
 
@@ -113,11 +113,13 @@ impl Peers {
         req: &Req,
         timeout: Duration,
     ) -> Result<Result<Resp, Vec<u8>>, PeerError> {
-        let payload = bincode::serialize(req).map_err(|e| PeerError::Decode(id, e.to_string()))?;
+        let payload =
+            crate::format::encode(req).map_err(|e| PeerError::Decode(id, e.to_string()))?;
         let mut client = self.client(id)?;
         let mut request = tonic::Request::new(RaftRequest {
             partition,
             payload: payload.into(),
+            format: crate::format::FORMAT,
         });
         request.set_timeout(timeout);
         let fut = async {
@@ -138,13 +140,15 @@ impl Peers {
             }
             Err(_) => return Err(PeerError::Transport(id, "timed out".into())),
         };
+        crate::format::check_message(&format!("node {id}"), reply.format)
+            .map_err(|e| PeerError::Decode(id, e.to_string()))?;
         if !reply.error.is_empty() && reply.error_payload.is_empty() {
             return Err(PeerError::Remote(id, reply.error));
         }
         if !reply.error_payload.is_empty() {
             return Ok(Err(reply.error_payload.to_vec()));
         }
-        bincode::deserialize(&reply.payload)
+        crate::format::decode(&reply.payload)
             .map(Ok)
             .map_err(|e| PeerError::Decode(id, e.to_string()))
     }
@@ -209,7 +213,7 @@ impl NetClient {
             .await;
         match res {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(bytes)) => match bincode::deserialize::<RaftError<NodeId, E>>(&bytes) {
+            Ok(Err(bytes)) => match crate::format::decode::<RaftError<NodeId, E>>(&bytes) {
                 Ok(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
                 Err(e) => Err(RPCError::Network(NetworkError::new(&PeerError::Decode(
                     self.target,

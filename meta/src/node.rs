@@ -1,13 +1,16 @@
 //! A `talon-meta` node: opens its storage, starts a Raft group for every partition it
-//! replicates, serves the client API and the node-to-node service on one port, and runs
-//! the background tasks (stale-transaction recovery, directory attribute updates).
+//! replicates, routes calls to other partitions' leaders (`Node::peer`) and answers theirs
+//! (`Node::handle_peer`), and runs its own background loops (directory attribute updates,
+//! the disk watch). Background loops of the layers above it are started by `server`
+//! through [`Node::spawn`].
 //!
-//! Lifecycle: `Node::start(config, listener)` returns a `RunningNode`; `shutdown()` fires
-//! the node's cancellation token, stops accepting requests, waits for in-flight requests
-//! and background tasks, shuts every Raft group down and closes the log (its flusher
-//! acknowledges everything queued first). Nothing outlives `shutdown()`, so the same data
-//! directory can be opened again at once.
+//! It must not reach up: the namespace, data and transaction operations (`namespace`,
+//! `data`, `txn`) and the gRPC edge (`service`) build on it, never the other way round;
+//! `server` starts and stops it. `Node::shutdown` fires the node's cancellation token,
+//! waits for the background tasks, shuts every Raft group down and closes the log (its
+//! flusher acknowledges everything queued first).
 
+use crate::apply::storage_error;
 use crate::config::{ClusterConfig, Config};
 use crate::network::{NetFactory, PeerRpc, Peers};
 use crate::partition::Partition;
@@ -20,7 +23,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use talon_model::{Ino, TalonError, Time};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -54,7 +56,7 @@ pub enum PeerReply {
     /// A dentry, if it exists.
     Dentry(Option<crate::apply::Dentry>),
     /// A file, if it exists.
-    File(Option<crate::data::OpenFile>),
+    File(Option<crate::reads::OpenFile>),
 }
 
 /// A node and everything it hosts.
@@ -211,19 +213,20 @@ impl Node {
             requests_due: Mutex::new(HashMap::new()),
         });
         node.initialize_groups().await?;
-        node.tasks.spawn(crate::txn::recovery_loop(
-            node.clone(),
-            node.cancel.child_token(),
-        ));
-        node.tasks
-            .spawn(dir_touch_loop(node.clone(), node.cancel.child_token()));
-        node.tasks.spawn(crate::data::gc_loop(
-            node.clone(),
-            node.cancel.child_token(),
-        ));
-        node.tasks
-            .spawn(space_loop(node.clone(), node.cancel.child_token()));
+        node.spawn(dir_touch_loop);
+        node.spawn(space_loop);
         Ok(node)
+    }
+
+    /// Runs a background loop of this node until shutdown: `task` gets the node and a
+    /// token cancelled when the node stops, and `shutdown` waits for it.
+    pub fn spawn<F, Fut>(self: &Arc<Self>, task: F)
+    where
+        F: FnOnce(Arc<Node>, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks
+            .spawn(task(self.clone(), self.cancel.child_token()));
     }
 
     /// Initializes the groups this node is the preferred leader of, on first start.
@@ -389,7 +392,7 @@ impl Node {
             PeerRequest::Propose(cmd) => Ok(PeerReply::Proposed(part.propose(cmd).await?)),
             PeerRequest::DirInfo(dir) => {
                 part.linearizable().await?;
-                Ok(PeerReply::Dir(crate::namespace::home_dir_class(part, dir)?))
+                Ok(PeerReply::Dir(crate::reads::dir_class(&part.store, dir)?))
             }
             PeerRequest::ReadInode(ino) => {
                 part.linearizable().await?;
@@ -399,7 +402,11 @@ impl Node {
             }
             PeerRequest::ReadFile(ino) => {
                 part.linearizable().await?;
-                Ok(PeerReply::File(crate::data::read_local(part, ino, true)?))
+                Ok(PeerReply::File(crate::reads::read_stored(
+                    &part.store,
+                    ino,
+                    true,
+                )?))
             }
             PeerRequest::ReadDentry(parent, name) => {
                 part.linearizable().await?;
@@ -589,22 +596,6 @@ fn check_cluster_map(store: &SmStore, cluster: &ClusterConfig) -> Result<(), Sta
     Ok(())
 }
 
-/// A storage failure seen on a read path. Corrupt data is an I/O error for the caller
-/// (another replica would answer the same for replicated corruption, and retrying cannot
-/// help); anything else means this node cannot serve: retry elsewhere.
-pub fn storage_error(e: crate::apply::Fatal) -> TalonError {
-    tracing::error!("storage: {e}");
-    match &e {
-        crate::apply::Fatal::Rocks(r) if r.kind() == rocksdb::ErrorKind::Corruption => {
-            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
-        }
-        crate::apply::Fatal::Corrupt(_) => {
-            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
-        }
-        _ => TalonError::Unavailable(format!("storage: {e}")),
-    }
-}
-
 /// Decodes an error carried in a peer reply (an encoded ErrorDetail).
 pub fn decode_error(bytes: &[u8]) -> TalonError {
     use prost::Message;
@@ -659,63 +650,3 @@ where
 
 /// How long a stopping node tries to apply its queued directory attribute updates.
 const FINAL_TOUCH_FLUSH: Duration = Duration::from_secs(2);
-
-/// A node serving on a listener.
-pub struct RunningNode {
-    /// The node.
-    pub node: Arc<Node>,
-    /// The address it listens on.
-    pub addr: std::net::SocketAddr,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl RunningNode {
-    /// Starts `config`'s node serving on `listener`.
-    pub async fn start(config: Config, listener: TcpListener) -> Result<RunningNode, StartError> {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| StartError::Listen(e.to_string()))?;
-        let node = Node::open(config).await?;
-        let cancel = node.cancel_token();
-        let router = crate::service::router(node.clone());
-        // Connections from our own listener do not get the router's `tcp_nodelay`; without
-        // it a reply written in several segments (a small file's body) waits out the
-        // client's delayed ACK, some 40 ms.
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
-        );
-        let server = tokio::spawn(async move {
-            if let Err(e) = router
-                .serve_with_incoming_shutdown(incoming, cancel.cancelled_owned())
-                .await
-            {
-                tracing::error!("server: {e}");
-            }
-        });
-        Ok(RunningNode { node, addr, server })
-    }
-
-    /// Stops serving, waits for in-flight requests, then shuts the node down.
-    pub async fn shutdown(self) {
-        self.node.cancel.cancel();
-        let _ = self.server.await;
-        self.node.shutdown().await;
-    }
-}
-
-/// Runs a node until `shutdown` resolves: the body of `talon-meta start`.
-pub async fn run(
-    config: Config,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), StartError> {
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| StartError::Listen(format!("{}: {e}", config.listen)))?;
-    let running = RunningNode::start(config, listener).await?;
-    tracing::info!(addr = %running.addr, node = running.node.config.node_id, "talon-meta serving");
-    shutdown.await;
-    tracing::info!("shutting down");
-    running.shutdown().await;
-    Ok(())
-}

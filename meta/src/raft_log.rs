@@ -40,6 +40,9 @@ pub enum LogOpenError {
     /// The flusher thread could not start.
     #[error("start log flusher: {0}")]
     Spawn(#[from] std::io::Error),
+    /// The log was written in a format this build does not read.
+    #[error(transparent)]
+    Format(#[from] crate::format::StoreFormatError),
 }
 
 /// Where appends wait for disk space: the node's space, and its stop signal.
@@ -104,6 +107,11 @@ impl LogDb {
         o.set_max_background_jobs(2);
         o.set_keep_log_file_num(2);
         let db = Arc::new(DB::open(&o, path)?);
+        crate::format::check_store(
+            &db,
+            &format!("the Raft log at {}", path.display()),
+            crate::format::FORMAT,
+        )?;
         let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
         let fdb = db.clone();
         let stats = Arc::new(LogStats::default());
@@ -265,7 +273,7 @@ impl LogStore {
         else {
             return Ok(None);
         };
-        bincode::deserialize(&b).map(Some).map_err(|e| {
+        crate::format::decode(&b).map(Some).map_err(|e| {
             io_err(
                 subject,
                 ErrorVerb::Read,
@@ -281,7 +289,8 @@ impl LogStore {
         sync: bool,
         subject: ErrorSubject<NodeId>,
     ) -> Result<(), StorageError> {
-        let b = bincode::serialize(v).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+        let b =
+            crate::format::encode(v).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         self.db
@@ -291,7 +300,7 @@ impl LogStore {
     }
 
     fn decode_entry(b: &[u8]) -> Result<Entry<TypeConfig>, StorageError> {
-        bincode::deserialize(b).map_err(|e| {
+        crate::format::decode(b).map_err(|e| {
             io_err(
                 ErrorSubject::Logs,
                 ErrorVerb::Read,
@@ -409,7 +418,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = WriteBatch::default();
         for e in entries {
-            let b = bincode::serialize(&e)
+            let b = crate::format::encode(&e)
                 .map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
             batch.put(self.key(b'e', Some(e.get_log_id().index)), b);
         }
@@ -463,7 +472,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if done >= Some(log_id) {
             return Ok(());
         }
-        let b = bincode::serialize(&log_id)
+        let b = crate::format::encode(&log_id)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         let mut batch = WriteBatch::default();
         batch.put(self.key(b'p', None), b);
@@ -497,7 +506,7 @@ mod tests {
                 log_id: id(i),
                 payload: EntryPayload::Blank,
             };
-            let b = bincode::serialize(&e).expect("encode an entry");
+            let b = crate::format::encode(&e).expect("encode an entry");
             s.db.db
                 .put(s.key(b'e', Some(i)), b)
                 .expect("write an entry");
@@ -546,5 +555,26 @@ mod tests {
         assert_eq!(s.read_committed().await.expect("read"), Some(id(10)));
         s.save_committed(Some(id(9))).await.expect("save committed");
         assert_eq!(s.read_committed().await.expect("read"), Some(id(9)));
+    }
+
+    /// A log written by a newer release is refused at open, naming both versions.
+    #[test]
+    fn a_log_of_another_format_version_is_refused_naming_both() {
+        use crate::format::{FORMAT, FORMAT_KEY};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("log");
+        let db = LogDb::open(&path).expect("create");
+        db.db
+            .put(FORMAT_KEY, (FORMAT + 1).to_be_bytes())
+            .expect("stamp as a newer release would");
+        db.close();
+        drop(db);
+        let e = LogDb::open(&path).expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("in format {}", FORMAT + 1))
+                && text.contains(&format!("reads format {FORMAT}")),
+            "{text}"
+        );
     }
 }

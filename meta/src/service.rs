@@ -628,7 +628,7 @@ impl Namespace for Api {
     }
 }
 
-fn open_reply(f: crate::data::OpenFile, epoch: u64) -> pb::OpenReply {
+fn open_reply(f: crate::reads::OpenFile, epoch: u64) -> pb::OpenReply {
     pb::OpenReply {
         attr: attr_reply(&f.attr),
         layout: Some(match &f.layout {
@@ -656,9 +656,18 @@ fn layout_to_wire(l: &Layout) -> pb::Layout {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
-    bincode::deserialize(payload)
+/// Decodes a peer request's payload, refusing one in another format version.
+fn decode<T: serde::de::DeserializeOwned>(r: &RaftRequest) -> Result<T, Status> {
+    crate::format::check_message("a peer", r.format)
+        .map_err(|e| Status::failed_precondition(e.to_string()))?;
+    crate::format::decode(&r.payload)
         .map_err(|e| Status::invalid_argument(format!("undecodable payload: {e}")))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<bytes::Bytes, Status> {
+    crate::format::encode(v)
+        .map(Into::into)
+        .map_err(|e| Status::internal(e.to_string()))
 }
 
 fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(
@@ -666,16 +675,14 @@ fn reply<T: serde::Serialize, E: serde::Serialize + std::fmt::Display>(
 ) -> Res<RaftReply> {
     let out = match r {
         Ok(v) => RaftReply {
-            payload: bincode::serialize(&v)
-                .map_err(|e| Status::internal(e.to_string()))?
-                .into(),
+            payload: encode(&v)?,
+            format: crate::format::FORMAT,
             ..Default::default()
         },
         Err(e) => RaftReply {
             error: e.to_string(),
-            error_payload: bincode::serialize(&e)
-                .map_err(|e| Status::internal(e.to_string()))?
-                .into(),
+            error_payload: encode(&e)?,
+            format: crate::format::FORMAT,
             ..Default::default()
         },
     };
@@ -695,7 +702,7 @@ impl RaftSvc for RaftApi {
     async fn append_entries(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
         let r = r.into_inner();
         let part = self.raft(r.partition)?;
-        let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
+        let req: AppendEntriesRequest<TypeConfig> = decode(&r)?;
         let commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
         let res = part.raft.append_entries(req).await;
         if res.as_ref().is_ok_and(|r| r.is_success()) {
@@ -707,30 +714,30 @@ impl RaftSvc for RaftApi {
     async fn vote(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
         let r = r.into_inner();
         let part = self.raft(r.partition)?;
-        let req: VoteRequest<NodeId> = decode(&r.payload)?;
+        let req: VoteRequest<NodeId> = decode(&r)?;
         reply(part.raft.vote(req).await)
     }
 
     async fn install_snapshot(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
         let r = r.into_inner();
         let part = self.raft(r.partition)?;
-        let req: InstallSnapshotRequest<TypeConfig> = decode(&r.payload)?;
+        let req: InstallSnapshotRequest<TypeConfig> = decode(&r)?;
         reply(part.raft.install_snapshot(req).await)
     }
 
     async fn peer(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
         let r = r.into_inner();
-        let req: PeerRequest = decode(&r.payload)?;
+        let req: PeerRequest = decode(&r)?;
         match self.node.handle_peer(r.partition, req).await {
             Ok(v) => Ok(Response::new(RaftReply {
-                payload: bincode::serialize(&v)
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .into(),
+                payload: encode(&v)?,
+                format: crate::format::FORMAT,
                 ..Default::default()
             })),
             Err(e) => Ok(Response::new(RaftReply {
                 error: e.to_string(),
                 error_payload: e.to_detail().encode_to_vec().into(),
+                format: crate::format::FORMAT,
                 ..Default::default()
             })),
         }

@@ -149,6 +149,18 @@ impl SmStore {
         cluster_map: &[u8],
         tuning: crate::tuning::Tuning,
     ) -> Result<Arc<SmStore>, Fatal> {
+        SmStore::open_in_format(dir, partition, cluster_map, tuning, crate::format::FORMAT)
+    }
+
+    /// As [`SmStore::open_tuned`], as a build reading format `format` would open it (the
+    /// tests' stand-in for another release).
+    fn open_in_format(
+        dir: &Path,
+        partition: u32,
+        cluster_map: &[u8],
+        tuning: crate::tuning::Tuning,
+        format: u32,
+    ) -> Result<Arc<SmStore>, Fatal> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Fatal::Corrupt(format!("create {}: {e}", dir.display())))?;
         let current = dir.join("CURRENT_DB");
@@ -178,13 +190,18 @@ impl SmStore {
                 }
             }
         }
+        let db = DB::open(&db_options(&tuning), dir.join(&name))?;
+        crate::format::check_store(
+            &db,
+            &format!("partition {partition}'s state at {}", dir.display()),
+            format,
+        )?;
         let mark = Arc::new(SnapshotMark::default());
         match std::fs::read(dir.join(SNAPSHOT_FILE)) {
             Ok(b) => mark.set(dec::<StoredSnapshot>(&b, "snapshot")?.meta.last_log_id),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
         }
-        let db = DB::open(&db_options(&tuning), dir.join(&name))?;
         if partition == 0 {
             seed_root(&db, Time::now(), cluster_map)?;
         }
@@ -347,7 +364,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             let data = std::fs::read(e.path()).map_err(|e| Fatal::Corrupt(e.to_string()))?;
             files.push(PackedFile { name, data });
         }
-        let data = bincode::serialize(&PackedFiles { files })
+        let data = crate::format::encode(&PackedFiles { files })
             .map_err(|e| Fatal::Corrupt(e.to_string()))?;
         let snapshot_id = match applied {
             Some(l) => format!(
@@ -515,6 +532,7 @@ fn install_snapshot(
         }
         crate::fail_point!("snapshot-install-files");
         let db = DB::open(&db_options(&store.tuning), &target)?;
+        crate::format::check_store(&db, "a received snapshot", crate::format::FORMAT)?;
         let (applied, _) = read_applied(&db)?;
         if applied != meta.last_log_id {
             return Err(Fatal::Corrupt(format!(
@@ -735,5 +753,47 @@ mod tests {
         assert!(store.snapshot_file().exists());
         assert!(!pending_snapshot_file(dir.path(), "db-0").exists());
         assert!(!pending_snapshot_file(dir.path(), "db-99").exists());
+    }
+
+    /// A store is refused, with both versions named, by a build of another format version:
+    /// one written by this build and opened by a bumped one, and one written by a newer
+    /// release and opened by this build. Nothing in it is read or changed.
+    #[test]
+    fn a_store_of_another_format_version_is_refused_naming_both() {
+        use crate::format::{FORMAT, FORMAT_KEY};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let open = |format| {
+            SmStore::open_in_format(
+                dir.path(),
+                0,
+                b"map",
+                crate::tuning::Tuning::default(),
+                format,
+            )
+        };
+        drop(open(FORMAT).expect("create"));
+        let e = open(FORMAT + 1).expect_err("a bumped build refuses it");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("in format {FORMAT}"))
+                && text.contains(&format!("reads format {}", FORMAT + 1))
+                && text.contains("older release"),
+            "{text}"
+        );
+        {
+            let store = open(FORMAT).expect("this build still opens it");
+            store
+                .db()
+                .put(FORMAT_KEY, (FORMAT + 1).to_be_bytes())
+                .expect("stamp as a newer release would");
+        }
+        let e = open(FORMAT).expect_err("this build refuses a newer store");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("in format {}", FORMAT + 1))
+                && text.contains(&format!("reads format {FORMAT}"))
+                && text.contains("newer release"),
+            "{text}"
+        );
     }
 }

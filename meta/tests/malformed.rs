@@ -33,7 +33,7 @@ fn create(partition: u32, name: &[u8], kind: pb::FileKind) -> pb::CreateRequest 
 }
 
 /// Sends a create to every partition and returns the error the right one gave (the other
-/// partitions answer WrongPartition, which is also an error, never a success).
+/// partitions answer ClassChanged, which is also an error, never a success).
 async fn create_err(c: &mut NamespaceClient<Channel>, name: &[u8], partitions: u32) -> TalonError {
     let mut errs = Vec::new();
     for p in 0..partitions {
@@ -43,8 +43,8 @@ async fn create_err(c: &mut NamespaceClient<Channel>, name: &[u8], partitions: u
         }
     }
     errs.into_iter()
-        .find(|e| !matches!(e, TalonError::WrongPartition(_)))
-        .unwrap_or(TalonError::WrongPartition(String::new()))
+        .find(|e| !matches!(e, TalonError::ClassChanged(_)))
+        .unwrap_or(TalonError::ClassChanged(String::new()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,6 +151,7 @@ async fn malformed_requests_get_errors() {
             .append_entries(RaftRequest {
                 partition: p,
                 payload: vec![0xff; 64].into(),
+                format: talon_meta::format::FORMAT,
             })
             .await;
         assert!(
@@ -161,9 +162,30 @@ async fn malformed_requests_get_errors() {
             .peer(RaftRequest {
                 partition: p,
                 payload: vec![1, 2, 3].into(),
+                format: talon_meta::format::FORMAT,
             })
             .await;
         assert!(r.is_err(), "garbage peer call on partition {p} accepted");
+    }
+    // A payload in another format version (an unversioned sender's is 0) is refused
+    // before it is decoded, naming both versions.
+    for format in [0, talon_meta::format::FORMAT + 1] {
+        let s = raft
+            .vote(RaftRequest {
+                partition: 0,
+                payload: vec![0; 16].into(),
+                format,
+            })
+            .await
+            .expect_err("a payload in another format");
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+        assert!(
+            s.message().contains(&format!("in format {format}"))
+                && s.message()
+                    .contains(&format!("reads format {}", talon_meta::format::FORMAT)),
+            "{}",
+            s.message()
+        );
     }
 
     // Garbage bytes straight onto the port.

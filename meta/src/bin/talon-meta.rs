@@ -134,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
             c.validate()?;
             talon_meta::failpoints::follow_env();
-            talon_meta::node::run(c, shutdown_signal()).await?;
+            talon_meta::server::run(c, shutdown_signal()).await?;
             Ok(())
         }
         Cmd::FailPoints => {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
-use talon_meta::node::RunningNode;
+use talon_meta::server::RunningNode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -102,9 +102,14 @@ pub enum TalonError {
         /// The leader's address, when known.
         leader_addr: Option<String>,
     },
-    /// The node does not host the partition or the request belongs to another partition.
+    /// The node does not host the partition, or the inode or chunk asked for belongs to
+    /// another one: the caller's cluster map is stale.
     #[error("wrong partition: {0}")]
     WrongPartition(String),
+    /// The entry belongs to another partition under its directory's current class: the
+    /// caller's cached class of the directory is stale.
+    #[error("directory class changed: {0}")]
+    ClassChanged(String),
     /// The client's cache predates namespace epoch `epoch`.
     #[error("stale namespace epoch: the partition is at epoch {epoch}")]
     StaleEpoch {
@@ -147,6 +152,7 @@ impl TalonError {
             self,
             TalonError::NotLeader { .. }
                 | TalonError::WrongPartition(_)
+                | TalonError::ClassChanged(_)
                 | TalonError::StaleEpoch { .. }
                 | TalonError::Retry(_)
                 | TalonError::Unavailable(_)
@@ -175,6 +181,7 @@ impl TalonError {
                 d.leader_addr = leader_addr.clone().unwrap_or_default();
             }
             TalonError::WrongPartition(_) => d.kind = K::WrongPartition as i32,
+            TalonError::ClassChanged(_) => d.kind = K::ClassChanged as i32,
             TalonError::StaleEpoch { epoch } => {
                 d.kind = K::StaleEpoch as i32;
                 d.epoch = *epoch;
@@ -201,6 +208,7 @@ impl TalonError {
                 leader_addr: (!d.leader_addr.is_empty()).then_some(d.leader_addr),
             },
             K::WrongPartition => TalonError::WrongPartition(message),
+            K::ClassChanged => TalonError::ClassChanged(message),
             K::StaleEpoch => TalonError::StaleEpoch { epoch: d.epoch },
             K::Retry => TalonError::Retry(message),
             K::Invalid => TalonError::Invalid(message),
@@ -228,7 +236,7 @@ impl From<TalonError> for Status {
                 _ => Code::FailedPrecondition,
             },
             TalonError::NotLeader { .. } | TalonError::WrongPartition(_) => Code::Unavailable,
-            TalonError::StaleEpoch { .. } => Code::Aborted,
+            TalonError::StaleEpoch { .. } | TalonError::ClassChanged(_) => Code::Aborted,
             TalonError::Retry(_) => Code::Unavailable,
             TalonError::Invalid(_) => Code::InvalidArgument,
             TalonError::Unavailable(_) => Code::Unavailable,

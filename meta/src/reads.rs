@@ -1,0 +1,90 @@
+//! Reads of one replica's own state that both a client's request and another node's
+//! question need: a file (its inode and checked body) and a directory's class.
+//!
+//! It sits below the node, so the node can answer a peer's question without reaching up to
+//! the operation modules (`data`, `namespace`) that also use these reads. It only reads a
+//! store: no routing, no consistency barrier (callers take the barrier they need first).
+
+use crate::apply::{dec, storage_error, BodyRec, InodeRec};
+use crate::keys;
+use crate::sm::SmStore;
+use crate::types::Layout;
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
+
+fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
+    TalonError::posix(errno, msg)
+}
+
+/// A file as `Open` answers it: attributes, layout (chunked files), body (small files).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct OpenFile {
+    /// Attributes.
+    pub attr: Attr,
+    /// Layout of a chunked file.
+    pub layout: Option<Layout>,
+    /// Body of a small file, when asked for.
+    #[serde(with = "serde_bytes")]
+    pub body: Option<Vec<u8>>,
+}
+
+/// A file's inode and (small, asked for) body from a partition replica's store: the
+/// packed store's read path (one point-in-time view, the inode, the body and its checksum).
+pub fn read_stored(
+    store: &SmStore,
+    ino: Ino,
+    want_body: bool,
+) -> Result<Option<OpenFile>, TalonError> {
+    let got = store
+        .read(|v| {
+            let Some(rec) = v.inode(ino)? else {
+                return Ok(None);
+            };
+            let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout.is_none() {
+                match v.get_self_checked(&keys::body(ino))? {
+                    Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
+                    None => Some(None),
+                }
+            } else {
+                None
+            };
+            Ok(Some((rec, body)))
+        })
+        .map_err(storage_error)?;
+    let Some((rec, body)) = got else {
+        return Ok(None);
+    };
+    let InodeRec { attr, layout, .. } = rec;
+    let body = match body {
+        None => None,
+        Some(None) => Some(Vec::new()),
+        Some(Some(b)) if b.verify() => Some(b.data),
+        Some(Some(_)) => {
+            tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
+            return Err(posix(
+                Errno::EIO,
+                format!("checksum mismatch in the body of inode {ino}"),
+            ));
+        }
+    };
+    Ok(Some(OpenFile { attr, layout, body }))
+}
+
+/// The class of `dir` as its home partition's replica `store` knows it: ENOENT if removed or absent,
+/// ENOTDIR if not a directory.
+pub fn dir_class(store: &SmStore, dir: Ino) -> Result<Class, TalonError> {
+    let rec = store
+        .read(|v| {
+            if v.get(&crate::keys::tombstone(dir))?.is_some() {
+                return Ok(None);
+            }
+            v.inode(dir)
+        })
+        .map_err(storage_error)?;
+    match rec {
+        None => Err(posix(Errno::ENOENT, format!("no directory {dir}"))),
+        Some(r) if r.attr.kind != FileKind::Directory => {
+            Err(posix(Errno::ENOTDIR, format!("{dir} is not a directory")))
+        }
+        Some(r) => Ok(r.attr.class),
+    }
+}
