@@ -1257,4 +1257,594 @@ mod tests {
     fn a_short_request_record_is_corrupt_not_a_panic() {
         assert!(RequestRec::from_bytes(&[1, 2, 3]).is_err());
     }
+
+    /// A partition (3) holding directory `/d` (its home here) with regular file `d/f` and
+    /// an xattr `user.a` on it, staged over an empty database.
+    struct Fixture {
+        db: DB,
+        _dir: tempfile::TempDir,
+        staged: Overlay,
+        d: Ino,
+        f: Ino,
+    }
+
+    const NOW: Time = Time {
+        secs: 1_700_000_000,
+        nanos: 0,
+    };
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let db = DB::open_default(dir.path()).expect("open");
+            let mut staged = Overlay::new();
+            let new = |kind, parent| Op::NewInode {
+                attr: Box::new(fresh_attr(
+                    kind,
+                    0o755,
+                    0,
+                    0,
+                    0,
+                    0,
+                    Class::Strict,
+                    parent,
+                    NOW,
+                )),
+                symlink: Vec::new(),
+                creator: 0,
+            };
+            let made = apply(
+                &db,
+                &mut staged,
+                Command::Atomic(vec![new(FileKind::Directory, Ino(1))]),
+            );
+            let CommandResult::Applied(o) = made else {
+                panic!("make /d: {made:?}")
+            };
+            let d = o.new_inos[0];
+            let made = apply(
+                &db,
+                &mut staged,
+                Command::Atomic(vec![
+                    new(FileKind::Regular, d),
+                    Op::PutDentry {
+                        parent: d,
+                        name: b"f".to_vec(),
+                        target: Target::New(0),
+                        kind: FileKind::Regular,
+                    },
+                ]),
+            );
+            let CommandResult::Applied(o) = made else {
+                panic!("make d/f: {made:?}")
+            };
+            let f = o.new_inos[0];
+            let mut fx = Fixture {
+                db,
+                _dir: dir,
+                staged,
+                d,
+                f,
+            };
+            let set = fx.run(vec![Op::Xattr {
+                ino: f,
+                name: b"user.a".to_vec(),
+                value: Some(b"1".to_vec()),
+                flags: 0,
+                now: NOW,
+            }]);
+            assert!(matches!(set, CommandResult::Applied(_)), "{set:?}");
+            fx
+        }
+
+        fn run(&mut self, ops: Vec<Op>) -> CommandResult {
+            apply(&self.db, &mut self.staged, Command::Atomic(ops))
+        }
+
+        fn view(&self) -> View<'_> {
+            View::new(&self.db, &self.staged)
+        }
+    }
+
+    /// What a case's op list must come to.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Applied,
+        Errno(Errno),
+        Locked,
+        Stale,
+        Invalid,
+    }
+
+    fn came_to(r: &CommandResult) -> Option<Want> {
+        Some(match r {
+            CommandResult::Applied(_) => Want::Applied,
+            CommandResult::Failed(ApplyError::Posix(e, _)) => Want::Errno(Errno(*e)),
+            CommandResult::Failed(ApplyError::Locked(_)) => Want::Locked,
+            CommandResult::Failed(ApplyError::StaleEpoch(_)) => Want::Stale,
+            CommandResult::Failed(ApplyError::Invalid(_)) => Want::Invalid,
+            _ => return None,
+        })
+    }
+
+    /// Every op's checks, one row each: the op list (built from the fixture's inos) and what
+    /// it must come to. A refused list changes nothing (checked on every row).
+    #[test]
+    fn each_op_is_checked_before_anything_applies() {
+        type Case = (&'static str, fn(&Fixture) -> Vec<Op>, Want);
+        let cases: Vec<Case> = vec![
+            (
+                "epoch 0 is any",
+                |_| vec![Op::ExpectEpoch(0)],
+                Want::Applied,
+            ),
+            (
+                "the current epoch",
+                |_| vec![Op::ExpectEpoch(1)],
+                Want::Applied,
+            ),
+            (
+                "a live directory",
+                |fx| {
+                    vec![Op::ExpectDirLive {
+                        dir: fx.d,
+                        class: Class::Strict,
+                        learn: false,
+                    }]
+                },
+                Want::Applied,
+            ),
+            (
+                "a file is no directory",
+                |fx| {
+                    vec![Op::ExpectDirLive {
+                        dir: fx.f,
+                        class: Class::Strict,
+                        learn: false,
+                    }]
+                },
+                Want::Errno(Errno::ENOTDIR),
+            ),
+            (
+                "a missing directory",
+                |_| {
+                    vec![Op::ExpectDirLive {
+                        dir: Ino::new(3, 999),
+                        class: Class::Strict,
+                        learn: false,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "another partition's directory, unknown here",
+                |_| {
+                    vec![Op::ExpectDirLive {
+                        dir: Ino::new(5, 9),
+                        class: Class::Relaxed,
+                        learn: false,
+                    }]
+                },
+                Want::Invalid,
+            ),
+            (
+                "another partition's directory, learnt",
+                |_| {
+                    vec![Op::ExpectDirLive {
+                        dir: Ino::new(5, 9),
+                        class: Class::Relaxed,
+                        learn: true,
+                    }]
+                },
+                Want::Applied,
+            ),
+            (
+                "absent, but present",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"f".to_vec(),
+                        expect: Expect::Absent,
+                    }]
+                },
+                Want::Errno(Errno::EEXIST),
+            ),
+            (
+                "absent, and absent",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"g".to_vec(),
+                        expect: Expect::Absent,
+                    }]
+                },
+                Want::Applied,
+            ),
+            (
+                "an ino, but no entry",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"g".to_vec(),
+                        expect: Expect::Ino(fx.f),
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "an ino, but another",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"f".to_vec(),
+                        expect: Expect::Ino(fx.d),
+                    }]
+                },
+                Want::Locked,
+            ),
+            (
+                "as planned, unchanged",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"f".to_vec(),
+                        expect: Expect::AsPlanned(Some(fx.f)),
+                    }]
+                },
+                Want::Applied,
+            ),
+            (
+                "as planned, but it appeared",
+                |fx| {
+                    vec![Op::ExpectDentry {
+                        parent: fx.d,
+                        name: b"f".to_vec(),
+                        expect: Expect::AsPlanned(None),
+                    }]
+                },
+                Want::Locked,
+            ),
+            (
+                "empty, but not",
+                |fx| vec![Op::ExpectEmpty(fx.d)],
+                Want::Errno(Errno::ENOTEMPTY),
+            ),
+            (
+                "empty, and empty",
+                |fx| vec![Op::ExpectEmpty(fx.f)],
+                Want::Applied,
+            ),
+            (
+                "an inode of any kind",
+                |fx| {
+                    vec![Op::ExpectInode {
+                        ino: fx.f,
+                        kind: None,
+                    }]
+                },
+                Want::Applied,
+            ),
+            (
+                "a directory, but a file",
+                |fx| {
+                    vec![Op::ExpectInode {
+                        ino: fx.f,
+                        kind: Some(FileKind::Directory),
+                    }]
+                },
+                Want::Errno(Errno::ENOTDIR),
+            ),
+            (
+                "a file, but a directory",
+                |fx| {
+                    vec![Op::ExpectInode {
+                        ino: fx.d,
+                        kind: Some(FileKind::Regular),
+                    }]
+                },
+                Want::Errno(Errno::EISDIR),
+            ),
+            (
+                "a missing inode",
+                |_| {
+                    vec![Op::ExpectInode {
+                        ino: Ino::new(3, 999),
+                        kind: None,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "the size of a directory",
+                |fx| {
+                    vec![Op::SetAttr {
+                        ino: fx.d,
+                        change: AttrChange {
+                            size: Some(0),
+                            ..Default::default()
+                        },
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::EISDIR),
+            ),
+            (
+                "setattr of a missing inode",
+                |_| {
+                    vec![Op::SetAttr {
+                        ino: Ino::new(3, 999),
+                        change: AttrChange::default(),
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "create an existing xattr",
+                |fx| {
+                    vec![Op::Xattr {
+                        ino: fx.f,
+                        name: b"user.a".to_vec(),
+                        value: Some(b"2".to_vec()),
+                        flags: 1,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::EEXIST),
+            ),
+            (
+                "replace a missing xattr",
+                |fx| {
+                    vec![Op::Xattr {
+                        ino: fx.f,
+                        name: b"user.b".to_vec(),
+                        value: Some(b"2".to_vec()),
+                        flags: 2,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENODATA),
+            ),
+            (
+                "remove a missing xattr",
+                |fx| {
+                    vec![Op::Xattr {
+                        ino: fx.f,
+                        name: b"user.b".to_vec(),
+                        value: None,
+                        flags: 0,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENODATA),
+            ),
+            (
+                "an xattr of a missing inode",
+                |_| {
+                    vec![Op::Xattr {
+                        ino: Ino::new(3, 999),
+                        name: b"user.a".to_vec(),
+                        value: None,
+                        flags: 0,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "link a missing inode",
+                |_| {
+                    vec![Op::AdjustInode {
+                        ino: Ino::new(3, 999),
+                        nlink: 1,
+                        parent: None,
+                        touch_mtime: false,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "drop a missing inode",
+                |_| vec![Op::DropInode(Ino::new(3, 999))],
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "class of a missing directory",
+                |_| {
+                    vec![Op::SetClass {
+                        dir: Ino::new(3, 999),
+                        class: Class::Relaxed,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "a body for a directory",
+                |fx| {
+                    vec![Op::WriteBody {
+                        ino: fx.d,
+                        data: b"x".to_vec(),
+                        expect_generation: 0,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::EISDIR),
+            ),
+            (
+                "a body at a stale generation",
+                |fx| {
+                    vec![Op::WriteBody {
+                        ino: fx.f,
+                        data: b"x".to_vec(),
+                        expect_generation: 77,
+                        now: NOW,
+                    }]
+                },
+                Want::Locked,
+            ),
+            (
+                "a body for a missing file",
+                |_| {
+                    vec![Op::WriteBody {
+                        ino: Ino::new(3, 999),
+                        data: b"x".to_vec(),
+                        expect_generation: 0,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+            (
+                "a layout for a directory",
+                |fx| {
+                    vec![Op::CommitLayout {
+                        ino: fx.d,
+                        size: 0,
+                        layout: Layout {
+                            chunk_size: 4096,
+                            chunks: Vec::new(),
+                        },
+                        expect_generation: 0,
+                        now: NOW,
+                    }]
+                },
+                Want::Errno(Errno::EISDIR),
+            ),
+            // A failing op after a passing one: nothing of the list applies.
+            (
+                "a later refusal stops the list",
+                |fx| {
+                    vec![
+                        Op::BumpEpoch(9),
+                        Op::DelDentry {
+                            parent: fx.d,
+                            name: b"f".to_vec(),
+                        },
+                        Op::ExpectInode {
+                            ino: Ino::new(3, 999),
+                            kind: None,
+                        },
+                    ]
+                },
+                Want::Errno(Errno::ENOENT),
+            ),
+        ];
+        for (name, ops, want) in cases {
+            let mut fx = Fixture::new();
+            let before = fx.staged.clone();
+            let r = fx.run(ops(&fx));
+            assert_eq!(came_to(&r).as_ref(), Some(&want), "{name}: {r:?}");
+            if !matches!(want, Want::Applied) {
+                assert_eq!(fx.staged, before, "{name}: a refused list changed state");
+            }
+        }
+    }
+
+    /// Each mutating op's effect, read back through the view.
+    #[test]
+    fn each_op_has_its_effect() {
+        let mut fx = Fixture::new();
+        let (d, f) = (fx.d, fx.f);
+        let ok = |r: CommandResult| match r {
+            CommandResult::Applied(o) => o,
+            other => panic!("{other:?}"),
+        };
+
+        // A second name for f, then the first one removed: nlink follows the ops given.
+        ok(fx.run(vec![
+            Op::PutDentry {
+                parent: d,
+                name: b"g".to_vec(),
+                target: Target::Existing(f),
+                kind: FileKind::Regular,
+            },
+            Op::AdjustInode {
+                ino: f,
+                nlink: 1,
+                parent: None,
+                touch_mtime: false,
+                now: NOW,
+            },
+        ]));
+        assert_eq!(
+            fx.view().dentry(d, b"g").expect("read").map(|e| e.ino),
+            Some(f)
+        );
+        assert_eq!(fx.view().inode(f).expect("read").expect("f").attr.nlink, 2);
+        ok(fx.run(vec![
+            Op::DelDentry {
+                parent: d,
+                name: b"f".to_vec(),
+            },
+            Op::AdjustInode {
+                ino: f,
+                nlink: -1,
+                parent: None,
+                touch_mtime: false,
+                now: NOW,
+            },
+        ]));
+        assert!(fx.view().dentry(d, b"f").expect("read").is_none());
+        assert_eq!(fx.view().inode(f).expect("read").expect("f").attr.nlink, 1);
+
+        // Attributes and xattrs.
+        let o = ok(fx.run(vec![Op::SetAttr {
+            ino: f,
+            change: AttrChange {
+                perm: Some(0o600),
+                ..Default::default()
+            },
+            now: NOW,
+        }]));
+        assert_eq!(o.attr(f).map(|a| a.perm & 0o7777), Some(0o600));
+        ok(fx.run(vec![Op::Xattr {
+            ino: f,
+            name: b"user.a".to_vec(),
+            value: None,
+            flags: 0,
+            now: NOW,
+        }]));
+        assert!(fx
+            .view()
+            .get(&keys::xattr(f, b"user.a"))
+            .expect("read")
+            .is_none());
+
+        // A small body, read back with its checksum.
+        ok(fx.run(vec![Op::WriteBody {
+            ino: f,
+            data: b"hello".to_vec(),
+            expect_generation: 0,
+            now: NOW,
+        }]));
+        let body: BodyRec = dec(
+            &fx.view().get(&keys::body(f)).expect("read").expect("body"),
+            "body",
+        )
+        .expect("decode");
+        assert!(body.verify());
+        assert_eq!(body.data, b"hello");
+        assert_eq!(fx.view().inode(f).expect("read").expect("f").attr.size, 5);
+
+        // The epoch moves on, and an older command is then refused.
+        let o = ok(fx.run(vec![Op::BumpEpoch(7)]));
+        assert!(o.epoch >= 7, "{o:?}");
+        assert!(matches!(
+            fx.run(vec![Op::ExpectEpoch(1)]),
+            CommandResult::Failed(ApplyError::StaleEpoch(_))
+        ));
+
+        // A tombstoned directory takes no more entries.
+        ok(fx.run(vec![Op::Tombstone(d)]));
+        let r = fx.run(vec![Op::ExpectDirLive {
+            dir: d,
+            class: Class::Strict,
+            learn: false,
+        }]);
+        assert!(
+            matches!(&r, CommandResult::Failed(ApplyError::Posix(e, _)) if Errno(*e) == Errno::ENOENT),
+            "{r:?}"
+        );
+    }
 }

@@ -254,4 +254,95 @@ mod tests {
             assert_eq!(k.first(), Some(&tag::REQUEST));
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn name() -> impl Strategy<Value = Vec<u8>> {
+            proptest::collection::vec(any::<u8>(), 1..40)
+        }
+
+        /// Every key of every table, from the same inputs.
+        fn all_keys(ino: Ino, n: &[u8], w: u64, i: u32, t: TxId) -> Vec<Vec<u8>> {
+            vec![
+                request(w),
+                unlinked(ino),
+                body(ino),
+                chunk(ino, w, i),
+                chunk_time(ino, w, i),
+                dentry(ino, n),
+                inode(ino),
+                xattr(ino, n),
+                tombstone(ino),
+                live_dir(ino),
+                lock(&dentry(ino, n)),
+                fence(ino),
+                prepared(t),
+                decision(t),
+            ]
+        }
+
+        proptest! {
+            /// A directory's entries sort by name under its prefix, and no other
+            /// directory's entry falls under that prefix (readdir is one prefix scan).
+            #[test]
+            fn entries_scan_in_name_order_under_their_directory(
+                p in any::<u64>(), q in any::<u64>(), a in name(), b in name()
+            ) {
+                let (p, q) = (Ino(p), Ino(q));
+                prop_assert_eq!(dentry(p, &a).cmp(&dentry(p, &b)), a.cmp(&b));
+                prop_assert!(dentry(p, &a).starts_with(&dentry_prefix(p)));
+                prop_assert_eq!(dentry(q, &a).starts_with(&dentry_prefix(p)), p == q);
+                prop_assert_eq!(xattr(q, &a).starts_with(&xattr_prefix(p)), p == q);
+                // A transaction's lock on an entry is found by the directory's lock scan.
+                prop_assert!(lock(&dentry(p, &a)).starts_with(&lock(&dentry_prefix(p))));
+            }
+
+            /// Keys by inode sort as the inode numbers do.
+            #[test]
+            fn inode_keys_sort_by_ino(a in any::<u64>(), b in any::<u64>()) {
+                prop_assert_eq!(inode(Ino(a)).cmp(&inode(Ino(b))), a.cmp(&b));
+                prop_assert_eq!(ino_at(&inode(Ino(a)), 1), Some(Ino(a)));
+            }
+
+            /// Chunk keys decode to what made them, and sort by (ino, writer, index).
+            #[test]
+            fn chunk_keys_round_trip_and_sort(
+                a in (any::<u64>(), any::<u64>(), any::<u32>()),
+                b in (any::<u64>(), any::<u64>(), any::<u32>()),
+            ) {
+                let ka = chunk(Ino(a.0), a.1, a.2);
+                prop_assert_eq!(chunk_of(&ka), Some((Ino(a.0), a.1, a.2)));
+                prop_assert_eq!(chunk_of(&chunk_time(Ino(a.0), a.1, a.2)), Some((Ino(a.0), a.1, a.2)));
+                prop_assert_eq!(ka.cmp(&chunk(Ino(b.0), b.1, b.2)), a.cmp(&b));
+            }
+
+            /// Transaction and request keys decode to what made them.
+            #[test]
+            fn transaction_and_request_keys_round_trip(c in any::<u32>(), id in any::<u64>()) {
+                let t = TxId { coordinator: c, id };
+                prop_assert_eq!(txid_of(&prepared(t)), Some(t));
+                prop_assert_eq!(txid_of(&decision(t)), Some(t));
+                prop_assert_eq!(request_of(&request(id)), Some(id));
+            }
+
+            /// Tables never share a key, nor reach the partition's own records or the store's
+            /// format record.
+            #[test]
+            fn tables_are_disjoint_and_miss_the_format_record(
+                ino in any::<u64>(), n in name(), w in any::<u64>(), i in any::<u32>(),
+                c in any::<u32>(), id in any::<u64>()
+            ) {
+                let keys = all_keys(Ino(ino), &n, w, i, TxId { coordinator: c, id });
+                let tags: std::collections::BTreeSet<u8> = keys.iter().map(|k| k[0]).collect();
+                prop_assert_eq!(tags.len(), keys.len(), "two tables share a tag");
+                for k in &keys {
+                    prop_assert!(!k.starts_with(crate::format::FORMAT_KEY));
+                    prop_assert_ne!(k[0], tag::META);
+                    prop_assert_ne!(k[0], 0);
+                }
+            }
+        }
+    }
 }

@@ -166,7 +166,18 @@ impl LogDb {
             let _ = h.join();
         }
     }
+}
 
+/// The last handle gone, the flusher stops with it: a flusher left running would keep the
+/// database open past the end of the process, which RocksDB does not survive (it aborts
+/// in its own teardown).
+impl Drop for LogDb {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl LogDb {
     fn flush_sender(&self) -> Option<mpsc::Sender<LogFlushed<TypeConfig>>> {
         self.flush_tx.lock().ok().and_then(|g| g.clone())
     }
