@@ -17,12 +17,11 @@
 //!   partition once enough bodies or chunks were deleted; BlobDB's garbage collection
 //!   relocates live blobs during compaction. Neither blocks reads or writes.
 
-use crate::apply::storage_error;
-use crate::apply::{dec, ChunkRec};
 use crate::keys;
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::reads::{read_stored, OpenFile};
+use crate::records::{dec, storage_error, ChunkRec};
 use crate::types::{Command, CommandResult, Layout, Op};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -8,6 +8,8 @@
 //! - `types`: the Raft type config and the replicated command language (ops, commands).
 //! - `format`: the codec and format version of everything stored or sent between nodes.
 //! - `keys`: the key schema of a partition's state.
+//! - `records`: the values stored under those keys, their encoding, `Fatal`.
+//! - `view`: a partition's state as a command or read sees it (database plus staged writes).
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
 //! - `space`: fullness of the node's data file system, thresholds and the start-up reserve.
@@ -17,7 +19,10 @@
 //! - `reads`: a replica's own file and directory reads, shared by clients' and peers' paths.
 //! - `partition`: one hosted replica with its proposal merging and read barrier.
 //! - `node`: a whole node: storage and Raft groups, routing to other partitions' leaders.
-//! - `namespace`: the namespace operations (planning op lists per partition).
+//! - `namespace`: the namespace operations' guards and planning, lookup, create, remove,
+//!   link and readdir.
+//! - `rename`: rename within and across partitions, NOREPLACE and EXCHANGE.
+//! - `attrs`: getattr/setattr, extended attributes, a directory's class, statfs.
 //! - `data`: file contents: packed small-file bodies, chunks, layouts, checksums, GC.
 //! - `txn`: two-phase commit across partitions and recovery of stale intents.
 //! - `service`: the gRPC edge: wire validation and error mapping.
@@ -25,6 +30,7 @@
 //! - `failpoints`: named steps a fault-injection harness can crash or slow (a feature).
 
 pub mod apply;
+pub mod attrs;
 pub mod config;
 pub mod data;
 pub mod failpoints;
@@ -36,6 +42,8 @@ pub mod node;
 pub mod partition;
 pub mod raft_log;
 pub mod reads;
+pub mod records;
+pub mod rename;
 pub mod server;
 pub mod service;
 pub mod sm;
@@ -43,6 +51,7 @@ pub mod space;
 pub mod tuning;
 pub mod txn;
 pub mod types;
+pub mod view;
 
 /// The crate's modules form layers: no module uses (through a `crate::` path) one that uses
 /// it back, directly or round a longer loop. Read from the sources, so a change that adds

@@ -21,34 +21,28 @@
 //! effect on the serving partition, so a copy the client sends again after a lost answer is
 //! answered from the record (as done) instead of being applied again or refused.
 
-use crate::apply::storage_error;
-use crate::apply::{fresh_attr, is_unlinked, Dentry, InodeRec, RequestRec};
+use crate::apply::{fresh_attr, is_unlinked};
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
-use crate::types::{AttrChange, CommandResult, Expect, Op, Target};
+use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
+use crate::types::{CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use talon_model::name::{validate_name, validate_symlink_target};
 use talon_model::placement::{dir_partitions, entry_partition};
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time, ROOT_INO};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
 
-/// Linux renameat2 flags.
-pub const RENAME_NOREPLACE: u32 = 1;
-/// Linux renameat2 flags.
-pub const RENAME_EXCHANGE: u32 = 2;
-/// The virtual xattr that carries a symlink's target (readlink).
-pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
-/// Longest xattr value.
-pub const XATTR_VALUE_MAX: usize = 64 * 1024;
-/// Deepest directory chain walked when checking a rename for loops.
-const MAX_DEPTH: usize = 4096;
 /// Plans retried when a concurrent change refused them.
 const PLAN_RETRIES: usize = 8;
 
 /// Runs `attempt` until it settles: a plan refused because the state moved under it
 /// (`Retry`) is planned again after a pause of 5 ms plus up to `jitter_ms`, at most
 /// `PLAN_RETRIES` times; then the last refusal is returned.
-async fn replan<T, F, Fut>(what: &str, jitter_ms: u64, mut attempt: F) -> Result<T, TalonError>
+pub(crate) async fn replan<T, F, Fut>(
+    what: &str,
+    jitter_ms: u64,
+    mut attempt: F,
+) -> Result<T, TalonError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, TalonError>>,
@@ -67,22 +61,10 @@ where
     Err(last)
 }
 
-/// What a rename requires of its destination entry at commit, given what its plan read
-/// there (`planned`). A plain rename replaces whatever is there, or takes the free name, so
-/// any change re-plans it; NOREPLACE answers EEXIST if a name appeared; EXCHANGE answers
-/// ENOENT if its partner went.
-fn destination_guard(planned: Option<Ino>, flags: u32) -> Expect {
-    match planned {
-        _ if flags & (RENAME_NOREPLACE | RENAME_EXCHANGE) == 0 => Expect::AsPlanned(planned),
-        Some(ino) => Expect::Ino(ino),
-        None => Expect::Absent,
-    }
-}
-
 /// The op recording client request `id` as applied (none for id 0: the client keeps no
 /// id, so nothing can be matched later), first in the serving partition's list so a copy
 /// of an applied request is refused before any other precondition answers an errno.
-fn record_request(ops: &mut Vec<Op>, id: u64, ino: Ino) {
+pub(crate) fn record_request(ops: &mut Vec<Op>, id: u64, ino: Ino) {
     if id != 0 {
         ops.insert(
             0,
@@ -95,11 +77,11 @@ fn record_request(ops: &mut Vec<Op>, id: u64, ino: Ino) {
     }
 }
 
-fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
+pub(crate) fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
 
-fn check_name(name: &[u8]) -> Result<(), TalonError> {
+pub(crate) fn check_name(name: &[u8]) -> Result<(), TalonError> {
     validate_name(name).map_err(|e| {
         posix(
             e,
@@ -109,7 +91,7 @@ fn check_name(name: &[u8]) -> Result<(), TalonError> {
 }
 
 /// An inode's link count change (and, for a moved directory, its new parent), with ctime.
-fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
+pub(crate) fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
     Op::AdjustInode {
         ino,
         nlink,
@@ -119,11 +101,11 @@ fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
     }
 }
 
-fn outcome_attr(out: &BTreeMap<u32, crate::types::Outcome>, ino: Ino) -> Option<Attr> {
+pub(crate) fn outcome_attr(out: &BTreeMap<u32, crate::types::Outcome>, ino: Ino) -> Option<Attr> {
     out.values().find_map(|o| o.attr(ino).cloned())
 }
 
-fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
+pub(crate) fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
     out.values().map(|o| o.epoch).max().unwrap_or(0)
 }
 
@@ -151,7 +133,7 @@ pub struct CreateSpec {
 }
 
 impl Node {
-    fn partitions_count(&self) -> u32 {
+    pub(crate) fn partitions_count(&self) -> u32 {
         self.config.cluster.partitions
     }
 
@@ -178,7 +160,11 @@ impl Node {
 
     /// The class of directory `dir` as seen from `part`, and whether `part` must learn it
     /// (it was fetched from the directory's home partition).
-    async fn dir_class(&self, part: &Partition, dir: Ino) -> Result<(Class, bool), TalonError> {
+    pub(crate) async fn dir_class(
+        &self,
+        part: &Partition,
+        dir: Ino,
+    ) -> Result<(Class, bool), TalonError> {
         if dir.home() == part.id {
             return Ok((crate::reads::dir_class(&part.store, dir)?, false));
         }
@@ -189,7 +175,7 @@ impl Node {
                     return Ok(Some(None));
                 }
                 match v.get(&crate::keys::live_dir(dir))? {
-                    Some(b) => Ok(Some(Some(crate::apply::dec::<Class>(&b, "live dir")?))),
+                    Some(b) => Ok(Some(Some(crate::records::dec::<Class>(&b, "live dir")?))),
                     None => Ok(None),
                 }
             })
@@ -207,7 +193,7 @@ impl Node {
     }
 
     /// The class of `dir`, checking that `(dir, name)` belongs to partition `p`.
-    async fn entry_class(
+    pub(crate) async fn entry_class(
         &self,
         part: &Partition,
         dir: Ino,
@@ -227,7 +213,7 @@ impl Node {
     }
 
     /// An inode record, read linearizably from its home partition.
-    async fn read_inode(&self, ino: Ino) -> Result<Option<InodeRec>, TalonError> {
+    pub(crate) async fn read_inode(&self, ino: Ino) -> Result<Option<InodeRec>, TalonError> {
         match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await? {
             PeerReply::Inode(r) => Ok(r),
             other => Err(TalonError::Unavailable(format!(
@@ -236,7 +222,7 @@ impl Node {
         }
     }
 
-    async fn read_dentry(
+    pub(crate) async fn read_dentry(
         &self,
         p: u32,
         parent: Ino,
@@ -254,7 +240,7 @@ impl Node {
     }
 
     /// Attributes of `ino`: from `part`'s state if it is the home, else from the home.
-    async fn attr_of(&self, part: &Partition, ino: Ino) -> Result<Attr, TalonError> {
+    pub(crate) async fn attr_of(&self, part: &Partition, ino: Ino) -> Result<Attr, TalonError> {
         let rec = if ino.home() == part.id {
             part.store.read(|v| v.inode(ino)).map_err(storage_error)?
         } else {
@@ -287,7 +273,7 @@ impl Node {
             part.store
                 .read(|v| {
                     v.get(&crate::keys::live_dir(parent))?
-                        .map(|b| crate::apply::dec::<Class>(&b, "live dir"))
+                        .map(|b| crate::records::dec::<Class>(&b, "live dir"))
                         .transpose()
                 })
                 .map_err(storage_error)?
@@ -321,42 +307,6 @@ impl Node {
             )
         })?;
         Ok((self.attr_of(part, d.ino).await?, cur_epoch))
-    }
-
-    /// Attributes of `ino` (served by its home partition).
-    pub async fn getattr(
-        &self,
-        p: u32,
-        relaxed: bool,
-        epoch: u64,
-        ino: Ino,
-    ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        self.attr_of(part, ino).await
-    }
-
-    /// Applies a setattr at the inode's home.
-    pub async fn setattr(
-        &self,
-        p: u32,
-        epoch: u64,
-        ino: Ino,
-        change: AttrChange,
-    ) -> Result<Attr, TalonError> {
-        self.home_part(p, ino)?;
-        let ops = vec![
-            Op::ExpectEpoch(epoch),
-            Op::SetAttr {
-                ino,
-                change,
-                now: Time::now(),
-            },
-        ];
-        let out = self
-            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
-            .await?;
-        outcome_attr(&out, ino).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 
     /// Plans a create of `name` in `parent` on `part`.
@@ -520,7 +470,11 @@ impl Node {
     }
 
     /// The record of client request `id` on `part`, if a copy of it was applied there.
-    fn applied(&self, part: &Partition, id: u64) -> Result<Option<RequestRec>, TalonError> {
+    pub(crate) fn applied(
+        &self,
+        part: &Partition,
+        id: u64,
+    ) -> Result<Option<RequestRec>, TalonError> {
         if id == 0 {
             return Ok(None);
         }
@@ -531,7 +485,7 @@ impl Node {
     /// a conflict) is answered by `done` instead when a copy of the request was applied
     /// meanwhile (its answer was lost, and the copy's effect is what made this one fail),
     /// and re-planned while a copy is still prepared in a transaction.
-    async fn settle<T, D, F>(
+    pub(crate) async fn settle<T, D, F>(
         &self,
         part: &Partition,
         id: u64,
@@ -673,7 +627,12 @@ impl Node {
 
     /// Adds the ops that remove directory `dir`: emptiness checked (and fenced) wherever its
     /// entries may live, a tombstone on every partition, the inode dropped at its home.
-    fn plan_dir_removal(&self, parts: &mut BTreeMap<u32, Vec<Op>>, dir: Ino, class: Class) {
+    pub(crate) fn plan_dir_removal(
+        &self,
+        parts: &mut BTreeMap<u32, Vec<Op>>,
+        dir: Ino,
+        class: Class,
+    ) {
         let n = self.partitions_count();
         let may_hold = dir_partitions(dir, class, n);
         for q in 0..n {
@@ -689,258 +648,6 @@ impl Node {
             kind: Some(FileKind::Directory),
         });
         home.push(Op::DropInode(dir));
-    }
-
-    /// Renames `(sp, sn)` to `(dp, dn)`; served by the source entry's partition.
-    /// `request`: the client's id for this rename (0: none), see the module header.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn rename(
-        &self,
-        p: u32,
-        epoch: u64,
-        sp: Ino,
-        sn: &[u8],
-        dp: Ino,
-        dn: &[u8],
-        flags: u32,
-        request: u64,
-    ) -> Result<u64, TalonError> {
-        check_name(sn)?;
-        check_name(dn)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == (RENAME_NOREPLACE | RENAME_EXCHANGE)
-        {
-            return Err(posix(Errno::EINVAL, format!("rename flags {flags:#x}")));
-        }
-        let part = self.local(p)?;
-        let renamed = |_| async { part.store.epoch().map_err(storage_error) };
-        replan("rename", 30, || async {
-            let r = self
-                .rename_once(part, epoch, (sp, sn), (dp, dn), flags, request)
-                .await;
-            self.settle(part, request, r, renamed).await
-        })
-        .await
-    }
-
-    async fn rename_once(
-        &self,
-        part: &Partition,
-        epoch: u64,
-        (sp, sn): (Ino, &[u8]),
-        (dp, dn): (Ino, &[u8]),
-        flags: u32,
-        request: u64,
-    ) -> Result<u64, TalonError> {
-        let ps = part.id;
-        self.entry_class(part, sp, sn).await?;
-        let (dclass, _) = self.dir_class(part, dp).await?;
-        let pd = entry_partition(dp, dn, dclass, self.partitions_count());
-        part.linearizable().await?;
-        let (src, cur_epoch) = part
-            .store
-            .read(|v| Ok((v.dentry(sp, sn)?, v.epoch()?)))
-            .map_err(storage_error)?;
-        if self.applied(part, request)?.is_some() {
-            return Ok(cur_epoch);
-        }
-        let src = src.ok_or_else(|| {
-            posix(
-                Errno::ENOENT,
-                format!("no entry {:?}", String::from_utf8_lossy(sn)),
-            )
-        })?;
-        if epoch != 0 && epoch < cur_epoch {
-            return Err(TalonError::StaleEpoch { epoch: cur_epoch });
-        }
-        if sp == dp && sn == dn {
-            return Ok(cur_epoch);
-        }
-        let dst = if pd == ps {
-            part.store
-                .read(|v| v.dentry(dp, dn))
-                .map_err(storage_error)?
-        } else {
-            self.read_dentry(pd, dp, dn).await?
-        };
-        let exchange = flags & RENAME_EXCHANGE != 0;
-        match (&dst, exchange) {
-            (Some(_), false) if flags & RENAME_NOREPLACE != 0 => {
-                return Err(posix(Errno::EEXIST, "destination exists"))
-            }
-            (None, true) => return Err(posix(Errno::ENOENT, "exchange with a missing entry")),
-            _ => {}
-        }
-        if let Some(d) = &dst {
-            if d.ino == src.ino {
-                // Two links to one inode: POSIX says do nothing.
-                return Ok(cur_epoch);
-            }
-            if !exchange {
-                match (
-                    src.kind == FileKind::Directory,
-                    d.kind == FileKind::Directory,
-                ) {
-                    (true, false) => {
-                        return Err(posix(
-                            Errno::ENOTDIR,
-                            "cannot replace a non-directory with a directory",
-                        ))
-                    }
-                    (false, true) => {
-                        return Err(posix(
-                            Errno::EISDIR,
-                            "cannot replace a directory with a non-directory",
-                        ))
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let now = Time::now();
-        let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
-        let source_ops = parts.entry(ps).or_default();
-        source_ops.extend([
-            Op::ExpectEpoch(epoch),
-            Op::ExpectDentry {
-                parent: sp,
-                name: sn.to_vec(),
-                expect: Expect::Ino(src.ino),
-            },
-        ]);
-        record_request(source_ops, request, src.ino);
-        parts.entry(pd).or_default().extend([
-            Op::ExpectDirLive {
-                dir: dp,
-                class: dclass,
-                learn: true,
-            },
-            Op::ExpectDentry {
-                parent: dp,
-                name: dn.to_vec(),
-                expect: destination_guard(dst.as_ref().map(|d| d.ino), flags),
-            },
-        ]);
-        // The source name goes away, or (exchange) points at the destination's inode.
-        match (&dst, exchange) {
-            (Some(d), true) => parts.entry(ps).or_default().push(Op::PutDentry {
-                parent: sp,
-                name: sn.to_vec(),
-                target: Target::Existing(d.ino),
-                kind: d.kind,
-            }),
-            _ => parts.entry(ps).or_default().push(Op::DelDentry {
-                parent: sp,
-                name: sn.to_vec(),
-            }),
-        }
-        parts.entry(pd).or_default().push(Op::PutDentry {
-            parent: dp,
-            name: dn.to_vec(),
-            target: Target::Existing(src.ino),
-            kind: src.kind,
-        });
-        let mut moves_dir = false;
-        let mut nlink_delta: BTreeMap<Ino, i32> = BTreeMap::new();
-        if src.kind == FileKind::Directory {
-            moves_dir = true;
-            parts
-                .entry(src.ino.home())
-                .or_default()
-                .push(relink(src.ino, 0, Some(dp), now));
-            if sp != dp {
-                *nlink_delta.entry(sp).or_default() -= 1;
-                *nlink_delta.entry(dp).or_default() += 1;
-            }
-        } else {
-            parts
-                .entry(src.ino.home())
-                .or_default()
-                .push(relink(src.ino, 0, None, now));
-        }
-        if let Some(d) = &dst {
-            if exchange {
-                if d.kind == FileKind::Directory {
-                    moves_dir = true;
-                    parts
-                        .entry(d.ino.home())
-                        .or_default()
-                        .push(relink(d.ino, 0, Some(sp), now));
-                    if sp != dp {
-                        *nlink_delta.entry(dp).or_default() -= 1;
-                        *nlink_delta.entry(sp).or_default() += 1;
-                    }
-                }
-            } else if d.kind == FileKind::Directory {
-                let attr = self
-                    .read_inode(d.ino)
-                    .await?
-                    .ok_or_else(|| TalonError::Retry("destination changed".into()))?;
-                self.plan_dir_removal(&mut parts, d.ino, attr.attr.class);
-                *nlink_delta.entry(dp).or_default() -= 1;
-            } else {
-                parts
-                    .entry(d.ino.home())
-                    .or_default()
-                    .push(relink(d.ino, -1, None, now));
-            }
-        }
-        if moves_dir {
-            // Every cached path below the moved directory is now stale: bump the epoch on
-            // every partition (this also serializes directory renames: the epoch key is
-            // locked while prepared, so the loop check below cannot race another move).
-            for q in 0..self.partitions_count() {
-                parts.entry(q).or_default().push(Op::BumpEpoch(0));
-            }
-        }
-        let moved: Vec<Ino> = [Some(&src), if exchange { dst.as_ref() } else { None }]
-            .into_iter()
-            .flatten()
-            .filter(|d| d.kind == FileKind::Directory)
-            .map(|d| d.ino)
-            .collect();
-        let check = || async {
-            // A directory must not move below itself: walk up from each new parent.
-            for (dir, new_parent) in moved
-                .iter()
-                .map(|m| (*m, if *m == src.ino { dp } else { sp }))
-            {
-                self.check_not_ancestor(dir, new_parent).await?;
-            }
-            Ok(())
-        };
-        let out = self.run_ops(ps, parts, check).await?;
-        let mut touches = nlink_delta;
-        touches.entry(sp).or_default();
-        touches.entry(dp).or_default();
-        futures::future::join_all(
-            touches
-                .into_iter()
-                .map(|(dir, delta)| self.touch_parent(dir, delta, now)),
-        )
-        .await;
-        Ok(outcome_epoch(&out).max(cur_epoch))
-    }
-
-    /// EINVAL if `dir` is `start` or one of its ancestors. Reads parent pointers at their
-    /// homes regardless of locks: only directory renames change them, and those are
-    /// serialized by the epoch lock the caller holds.
-    async fn check_not_ancestor(&self, dir: Ino, start: Ino) -> Result<(), TalonError> {
-        let mut cur = start;
-        for _ in 0..MAX_DEPTH {
-            if cur == dir {
-                return Err(posix(Errno::EINVAL, "cannot move a directory below itself"));
-            }
-            if cur == ROOT_INO {
-                return Ok(());
-            }
-            let rec = self
-                .read_inode(cur)
-                .await?
-                .ok_or_else(|| posix(Errno::ENOENT, format!("directory {cur} vanished")))?;
-            cur = rec.attr.parent;
-        }
-        Err(posix(Errno::ELOOP, "directory chain too deep"))
     }
 
     /// Links inode `ino` as `(np, nn)`; served by the new entry's partition.
@@ -1080,106 +787,6 @@ impl Node {
         Ok((out, more))
     }
 
-    /// Reads an xattr (or, for `talon.symlink`, a symlink's target).
-    pub async fn getxattr(
-        &self,
-        p: u32,
-        relaxed: bool,
-        epoch: u64,
-        ino: Ino,
-        name: &[u8],
-    ) -> Result<Vec<u8>, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        let (rec, val) = part
-            .store
-            .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
-            .map_err(storage_error)?;
-        let rec = rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
-        if name == SYMLINK_XATTR {
-            return if rec.attr.kind == FileKind::Symlink {
-                Ok(rec.symlink)
-            } else {
-                Err(posix(Errno::EINVAL, "not a symlink"))
-            };
-        }
-        val.ok_or_else(|| posix(Errno::ENODATA, "no such xattr"))
-    }
-
-    /// Names of an inode's xattrs.
-    pub async fn listxattr(
-        &self,
-        p: u32,
-        relaxed: bool,
-        epoch: u64,
-        ino: Ino,
-    ) -> Result<Vec<Vec<u8>>, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        let prefix = crate::keys::xattr_prefix(ino);
-        let (rec, keys) = part
-            .store
-            .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
-            .map_err(storage_error)?;
-        rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
-        Ok(keys
-            .into_iter()
-            .map(|k| k[prefix.len()..].to_vec())
-            .collect())
-    }
-
-    /// Sets (value Some) or removes an xattr.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn setxattr(
-        &self,
-        p: u32,
-        epoch: u64,
-        ino: Ino,
-        name: &[u8],
-        value: Option<Vec<u8>>,
-        flags: u32,
-        request: u64,
-    ) -> Result<(), TalonError> {
-        let part = self.home_part(p, ino)?;
-        if name.is_empty() || name.len() > 255 || name.contains(&0) {
-            return Err(posix(
-                Errno::ERANGE,
-                "xattr name must be 1..=255 bytes without NUL",
-            ));
-        }
-        if name.starts_with(b"talon.") {
-            return Err(posix(
-                Errno::EPERM,
-                "the talon. xattr namespace is reserved",
-            ));
-        }
-        if value.as_ref().is_some_and(|v| v.len() > XATTR_VALUE_MAX) {
-            return Err(posix(Errno::E2BIG, "xattr value over 64 KiB"));
-        }
-        if flags & !3 != 0 || flags == 3 {
-            return Err(posix(Errno::EINVAL, format!("xattr flags {flags:#x}")));
-        }
-        if self.applied(part, request)?.is_some() {
-            return Ok(());
-        }
-        let mut ops = vec![
-            Op::ExpectEpoch(epoch),
-            Op::Xattr {
-                ino,
-                name: name.to_vec(),
-                value,
-                flags,
-                now: Time::now(),
-            },
-        ];
-        record_request(&mut ops, request, ino);
-        let r = self
-            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
-            .await
-            .map(|_| ());
-        self.settle(part, request, r, |_| async { Ok(()) }).await
-    }
-
     /// The hosted replica of `ino`'s home partition `p`, or WrongPartition if `p` is not it.
     pub(crate) fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
         if ino.home() != p {
@@ -1189,66 +796,5 @@ impl Node {
             )));
         }
         Ok(self.local(p)?.as_ref())
-    }
-
-    /// Usage of partition `p`: (inodes, entries).
-    pub async fn statfs(&self, p: u32, relaxed: bool) -> Result<(u64, u64), TalonError> {
-        let part = self.local(p)?;
-        self.read_guard(part, relaxed, 0).await?;
-        part.store
-            .read(|v| {
-                Ok((
-                    v.counter(crate::keys::meta::INODES)?,
-                    v.counter(crate::keys::meta::ENTRIES)?,
-                ))
-            })
-            .map_err(storage_error)
-    }
-
-    /// Changes the class of an empty directory.
-    pub async fn set_class(
-        &self,
-        p: u32,
-        epoch: u64,
-        dir: Ino,
-        class: Class,
-    ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, dir)?;
-        part.linearizable().await?;
-        let attr = self.attr_of(part, dir).await?;
-        if attr.kind != FileKind::Directory {
-            return Err(posix(Errno::ENOTDIR, "not a directory"));
-        }
-        if attr.class == class {
-            return Ok(attr);
-        }
-        let n = self.partitions_count();
-        let may_hold = dir_partitions(dir, attr.class, n);
-        let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
-        for q in 0..n {
-            let ops = parts.entry(q).or_default();
-            if may_hold.contains(&q) {
-                ops.push(Op::ExpectEmpty(dir));
-            }
-            ops.push(Op::Relearn { dir, class });
-        }
-        parts
-            .entry(p)
-            .or_default()
-            .extend([Op::ExpectEpoch(epoch), Op::SetClass { dir, class }]);
-        let out = self
-            .run_ops(p, parts, || async { Ok(()) })
-            .await
-            .map_err(|e| match e {
-                TalonError::Posix {
-                    errno: Errno::ENOTEMPTY,
-                    ..
-                } => posix(
-                    Errno::ENOTEMPTY,
-                    "the class of a non-empty directory cannot change",
-                ),
-                other => other,
-            })?;
-        outcome_attr(&out, dir).ok_or_else(|| posix(Errno::ENOENT, "directory vanished"))
     }
 }

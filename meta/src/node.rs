@@ -10,11 +10,11 @@
 //! waits for the background tasks, shuts every Raft group down and closes the log (its
 //! flusher acknowledges everything queued first).
 
-use crate::apply::storage_error;
 use crate::config::{ClusterConfig, Config};
 use crate::network::{NetFactory, PeerRpc, Peers};
 use crate::partition::Partition;
 use crate::raft_log::LogDb;
+use crate::records::storage_error;
 use crate::sm::{PartitionSm, SmStore};
 use crate::space::{Level, Space};
 use crate::types::{Command, CommandResult, NodeId, Op, Raft};
@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 use talon_model::{Ino, TalonError, Time};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// How long a stopping node waits for openraft's tasks to let go of its stores.
+const STORES_RELEASED: Duration = Duration::from_secs(10);
 
 /// How long a node keeps retrying a call to another partition's leader.
 pub const PEER_DEADLINE: Duration = Duration::from_secs(20);
@@ -52,9 +55,9 @@ pub enum PeerReply {
     /// Class of a live directory.
     Dir(talon_model::Class),
     /// An inode record, if it exists.
-    Inode(Option<crate::apply::InodeRec>),
+    Inode(Option<crate::records::InodeRec>),
     /// A dentry, if it exists.
-    Dentry(Option<crate::apply::Dentry>),
+    Dentry(Option<crate::records::Dentry>),
     /// A file, if it exists.
     File(Option<crate::reads::OpenFile>),
 }
@@ -297,6 +300,23 @@ impl Node {
             let _ = part.raft.shutdown().await;
         }
         self.log.close();
+        // openraft's replication and state machine tasks end just after `shutdown` returns,
+        // and hold the stores until they do: wait for them (bounded), so the directory can
+        // be opened again at once (RocksDB refuses a second open while one is alive).
+        let deadline = Instant::now() + STORES_RELEASED;
+        let held = || {
+            Arc::strong_count(&self.log) > 1
+                || self
+                    .partitions
+                    .values()
+                    .any(|p| Arc::strong_count(&p.store) > 1)
+        };
+        while held() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if held() {
+            tracing::warn!("storage still held {STORES_RELEASED:?} after shutdown");
+        }
     }
 
     fn hint(&self, p: u32) -> Option<NodeId> {

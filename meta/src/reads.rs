@@ -5,8 +5,8 @@
 //! the operation modules (`data`, `namespace`) that also use these reads. It only reads a
 //! store: no routing, no consistency barrier (callers take the barrier they need first).
 
-use crate::apply::{dec, storage_error, BodyRec, InodeRec};
 use crate::keys;
+use crate::records::{dec, storage_error, BodyRec, InodeRec};
 use crate::sm::SmStore;
 use crate::types::Layout;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};

@@ -11,10 +11,12 @@
 //! Readers hold an `Arc<DB>` of the instance they started with, so a swap never pulls data
 //! from under a read. The directory `CURRENT_DB` names the live instance.
 
-use crate::apply::{dec, enc, Applier, Fatal, InodeRec, Overlay, View};
+use crate::apply::Applier;
 use crate::keys::{self, meta};
 use crate::raft_log::SnapshotMark;
+use crate::records::{dec, enc, Fatal, InodeRec};
 use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
+use crate::view::{Overlay, View};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftLogId, Snapshot, SnapshotMeta,
@@ -29,7 +31,7 @@ use talon_model::{attr::Attr, Class, FileKind, Ino, Time, ROOT_INO};
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
 /// One entry of a readdir page: name and dentry.
-pub type DirPageEntry = (Vec<u8>, crate::apply::Dentry);
+pub type DirPageEntry = (Vec<u8>, crate::records::Dentry);
 
 fn io_err(
     subject: ErrorSubject<NodeId>,
@@ -699,7 +701,9 @@ impl SmStore {
     }
 
     /// Prepared transactions held here: (txid, record).
-    pub fn prepared(&self) -> Result<Vec<(crate::types::TxId, crate::apply::PreparedRec)>, Fatal> {
+    pub fn prepared(
+        &self,
+    ) -> Result<Vec<(crate::types::TxId, crate::records::PreparedRec)>, Fatal> {
         let db = self.db();
         let mut it = db.raw_iterator();
         it.seek([keys::tag::PREPARED]);

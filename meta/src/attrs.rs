@@ -1,0 +1,215 @@
+//! Attributes of an inode: getattr and setattr, extended attributes, a directory's class,
+//! and the file system's totals (statfs).
+//!
+//! Built on the namespace operations' guards (`namespace.rs`); nothing there reaches here.
+
+use crate::namespace::{outcome_attr, posix, record_request};
+use crate::node::Node;
+use crate::records::storage_error;
+use crate::types::{AttrChange, Op};
+use std::collections::BTreeMap;
+use talon_model::placement::dir_partitions;
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+
+/// The virtual xattr that carries a symlink's target (readlink).
+pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
+/// Longest xattr value.
+pub const XATTR_VALUE_MAX: usize = 64 * 1024;
+impl Node {
+    /// Attributes of `ino` (served by its home partition).
+    pub async fn getattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+    ) -> Result<Attr, TalonError> {
+        let part = self.home_part(p, ino)?;
+        self.read_guard(part, relaxed, epoch).await?;
+        self.attr_of(part, ino).await
+    }
+
+    /// Applies a setattr at the inode's home.
+    pub async fn setattr(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        change: AttrChange,
+    ) -> Result<Attr, TalonError> {
+        self.home_part(p, ino)?;
+        let ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::SetAttr {
+                ino,
+                change,
+                now: Time::now(),
+            },
+        ];
+        let out = self
+            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
+            .await?;
+        outcome_attr(&out, ino).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
+    }
+
+    /// Reads an xattr (or, for `talon.symlink`, a symlink's target).
+    pub async fn getxattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+        name: &[u8],
+    ) -> Result<Vec<u8>, TalonError> {
+        let part = self.home_part(p, ino)?;
+        self.read_guard(part, relaxed, epoch).await?;
+        let (rec, val) = part
+            .store
+            .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
+            .map_err(storage_error)?;
+        let rec = rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
+        if name == SYMLINK_XATTR {
+            return if rec.attr.kind == FileKind::Symlink {
+                Ok(rec.symlink)
+            } else {
+                Err(posix(Errno::EINVAL, "not a symlink"))
+            };
+        }
+        val.ok_or_else(|| posix(Errno::ENODATA, "no such xattr"))
+    }
+
+    /// Names of an inode's xattrs.
+    pub async fn listxattr(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+    ) -> Result<Vec<Vec<u8>>, TalonError> {
+        let part = self.home_part(p, ino)?;
+        self.read_guard(part, relaxed, epoch).await?;
+        let prefix = crate::keys::xattr_prefix(ino);
+        let (rec, keys) = part
+            .store
+            .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
+            .map_err(storage_error)?;
+        rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
+        Ok(keys
+            .into_iter()
+            .map(|k| k[prefix.len()..].to_vec())
+            .collect())
+    }
+
+    /// Sets (value Some) or removes an xattr.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn setxattr(
+        &self,
+        p: u32,
+        epoch: u64,
+        ino: Ino,
+        name: &[u8],
+        value: Option<Vec<u8>>,
+        flags: u32,
+        request: u64,
+    ) -> Result<(), TalonError> {
+        let part = self.home_part(p, ino)?;
+        if name.is_empty() || name.len() > 255 || name.contains(&0) {
+            return Err(posix(
+                Errno::ERANGE,
+                "xattr name must be 1..=255 bytes without NUL",
+            ));
+        }
+        if name.starts_with(b"talon.") {
+            return Err(posix(
+                Errno::EPERM,
+                "the talon. xattr namespace is reserved",
+            ));
+        }
+        if value.as_ref().is_some_and(|v| v.len() > XATTR_VALUE_MAX) {
+            return Err(posix(Errno::E2BIG, "xattr value over 64 KiB"));
+        }
+        if flags & !3 != 0 || flags == 3 {
+            return Err(posix(Errno::EINVAL, format!("xattr flags {flags:#x}")));
+        }
+        if self.applied(part, request)?.is_some() {
+            return Ok(());
+        }
+        let mut ops = vec![
+            Op::ExpectEpoch(epoch),
+            Op::Xattr {
+                ino,
+                name: name.to_vec(),
+                value,
+                flags,
+                now: Time::now(),
+            },
+        ];
+        record_request(&mut ops, request, ino);
+        let r = self
+            .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
+            .await
+            .map(|_| ());
+        self.settle(part, request, r, |_| async { Ok(()) }).await
+    }
+
+    /// Usage of partition `p`: (inodes, entries).
+    pub async fn statfs(&self, p: u32, relaxed: bool) -> Result<(u64, u64), TalonError> {
+        let part = self.local(p)?;
+        self.read_guard(part, relaxed, 0).await?;
+        part.store
+            .read(|v| {
+                Ok((
+                    v.counter(crate::keys::meta::INODES)?,
+                    v.counter(crate::keys::meta::ENTRIES)?,
+                ))
+            })
+            .map_err(storage_error)
+    }
+
+    /// Changes the class of an empty directory.
+    pub async fn set_class(
+        &self,
+        p: u32,
+        epoch: u64,
+        dir: Ino,
+        class: Class,
+    ) -> Result<Attr, TalonError> {
+        let part = self.home_part(p, dir)?;
+        part.linearizable().await?;
+        let attr = self.attr_of(part, dir).await?;
+        if attr.kind != FileKind::Directory {
+            return Err(posix(Errno::ENOTDIR, "not a directory"));
+        }
+        if attr.class == class {
+            return Ok(attr);
+        }
+        let n = self.partitions_count();
+        let may_hold = dir_partitions(dir, attr.class, n);
+        let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
+        for q in 0..n {
+            let ops = parts.entry(q).or_default();
+            if may_hold.contains(&q) {
+                ops.push(Op::ExpectEmpty(dir));
+            }
+            ops.push(Op::Relearn { dir, class });
+        }
+        parts
+            .entry(p)
+            .or_default()
+            .extend([Op::ExpectEpoch(epoch), Op::SetClass { dir, class }]);
+        let out = self
+            .run_ops(p, parts, || async { Ok(()) })
+            .await
+            .map_err(|e| match e {
+                TalonError::Posix {
+                    errno: Errno::ENOTEMPTY,
+                    ..
+                } => posix(
+                    Errno::ENOTEMPTY,
+                    "the class of a non-empty directory cannot change",
+                ),
+                other => other,
+            })?;
+        outcome_attr(&out, dir).ok_or_else(|| posix(Errno::ENOENT, "directory vanished"))
+    }
+}

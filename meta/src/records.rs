@@ -1,0 +1,167 @@
+//! The values a partition stores, beside the keys of `keys.rs`: entries, inodes, bodies,
+//! chunks, request records and prepared transactions; their encoding (through `format`),
+//! and `Fatal`, what a store that cannot be read or written means for the node.
+//!
+//! It only describes records: reading them is `view.rs`, changing them `apply.rs`.
+
+use crate::types::{Layout, Op};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use talon_model::{Attr, FileKind, Ino};
+
+/// A directory entry's value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dentry {
+    /// The inode it names.
+    pub ino: Ino,
+    /// The inode's kind, so readdir needs no inode read.
+    pub kind: FileKind,
+}
+
+/// An inode record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeRec {
+    /// Attributes.
+    pub attr: Attr,
+    /// Symlink target; empty for other kinds.
+    pub symlink: Vec<u8>,
+    /// Retry token of the request that created it (0: none), so a retried create can
+    /// recognise its own earlier success.
+    pub creator: u64,
+    /// A chunked file's layout; `None` for a small file (its body is a `BodyRec`).
+    pub layout: Option<Layout>,
+}
+
+/// A small file's body in the packed store, with its checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BodyRec {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// The contents (may be shorter than the file's size: the tail reads as zeros).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A chunk of a large file, with its checksum.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRec {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// When it was written (leader wall clock, ms).
+    pub at_ms: u64,
+    /// The contents.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A rename, remove or link applied on behalf of a client request (`keys::request`):
+/// stored as the proposal's time (u64 ms) then the inode the request named, both
+/// little-endian, so the collector reads the time as it does other timed records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestRec {
+    /// Leader wall clock (ms) when the request was proposed.
+    pub at_ms: u64,
+    /// The inode the request named.
+    pub ino: Ino,
+}
+
+impl RequestRec {
+    /// The stored form.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(16);
+        b.extend_from_slice(&self.at_ms.to_le_bytes());
+        b.extend_from_slice(&self.ino.0.to_le_bytes());
+        b
+    }
+
+    /// Decodes the stored form.
+    pub fn from_bytes(b: &[u8]) -> Result<RequestRec, Fatal> {
+        let word = |at: usize| -> Result<u64, Fatal> {
+            b.get(at..at + 8)
+                .and_then(|w| <[u8; 8]>::try_from(w).ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| Fatal::Corrupt(format!("request record of {} bytes", b.len())))
+        };
+        Ok(RequestRec {
+            at_ms: word(0)?,
+            ino: Ino(word(8)?),
+        })
+    }
+}
+
+impl BodyRec {
+    /// A body with its checksum.
+    pub fn new(data: Vec<u8>) -> BodyRec {
+        BodyRec {
+            crc: crc32c::crc32c(&data),
+            data,
+        }
+    }
+
+    /// True if the data still matches its checksum.
+    pub fn verify(&self) -> bool {
+        crc32c::crc32c(&self.data) == self.crc
+    }
+}
+
+impl ChunkRec {
+    /// True if the data still matches its checksum.
+    pub fn verify(&self) -> bool {
+        crc32c::crc32c(&self.data) == self.crc
+    }
+}
+
+/// A prepared transaction's record on a participant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedRec {
+    /// The ops to apply at commit.
+    pub ops: Vec<Op>,
+    /// Inos allocated at prepare for the ops' `NewInode`s.
+    pub new_inos: Vec<Ino>,
+    /// Lock keys held.
+    pub locks: Vec<Vec<u8>>,
+    /// Proposal time (leader wall clock, ms), for recovery of stale intents.
+    pub at_ms: u64,
+}
+
+/// Storage failures and corrupt records: the node cannot go on applying.
+#[derive(Debug, thiserror::Error)]
+pub enum Fatal {
+    /// RocksDB failed.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A stored record does not decode.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// The store was written in a format this build does not read.
+    #[error(transparent)]
+    Format(#[from] crate::format::StoreFormatError),
+}
+
+/// A storage failure seen on a read path. Corrupt data is an I/O error for the caller
+/// (another replica would answer the same for replicated corruption, and retrying cannot
+/// help); anything else means this node cannot serve: retry elsewhere.
+pub fn storage_error(e: Fatal) -> talon_model::TalonError {
+    use talon_model::TalonError;
+    tracing::error!("storage: {e}");
+    match &e {
+        Fatal::Rocks(r) if r.kind() == rocksdb::ErrorKind::Corruption => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        Fatal::Corrupt(_) => {
+            TalonError::posix(talon_model::Errno::EIO, format!("corrupt data: {e}"))
+        }
+        _ => TalonError::Unavailable(format!("storage: {e}")),
+    }
+}
+
+/// Encodes a value for storage.
+pub fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    // Encoding our own plain structs cannot fail (no sequences of unknown length); an
+    // empty value would be caught by the decoder on read.
+    crate::format::encode(v).unwrap_or_default()
+}
+
+/// Decodes a stored value.
+pub fn dec<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T, Fatal> {
+    crate::format::decode(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
+}
