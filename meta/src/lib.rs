@@ -12,6 +12,7 @@
 //! - `view`: a partition's state as a command or read sees it (database plus staged writes).
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
+//! - `archive`: a checkpoint's files packed into one stream, with bounded memory.
 //! - `space`: fullness of the node's data file system, thresholds and the start-up reserve.
 //! - `tuning`: RocksDB memtable sizes shared by a node's stores.
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
@@ -30,6 +31,7 @@
 //! - `failpoints`: named steps a fault-injection harness can crash or slow (a feature).
 
 pub mod apply;
+pub mod archive;
 pub mod attrs;
 pub mod config;
 pub mod data;

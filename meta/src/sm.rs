@@ -6,8 +6,11 @@
 //! apply resumes after the stored applied id. The state machine's own WAL is not synced:
 //! whatever a crash loses is still in the fsynced Raft log.
 //!
-//! Snapshots are RocksDB checkpoints (hard links of the SST files), packed into one blob
-//! for transfer; installing one unpacks it into a fresh directory, opens it and swaps it in.
+//! Snapshots are RocksDB checkpoints (hard links of the SST files), packed into one data
+//! file (`archive.rs`) that is sent and received in chunks and unpacked with bounded
+//! memory; installing one unpacks it into a fresh directory, opens it and swaps it in. The
+//! record `snapshot.bin` names the current data file; data files it does not name are
+//! removed.
 //! Readers hold an `Arc<DB>` of the instance they started with, so a swap never pulls data
 //! from under a read. The directory `CURRENT_DB` names the live instance.
 
@@ -23,7 +26,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use rocksdb::{Options, WriteBatch, DB};
-use std::io::Cursor;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use talon_model::{attr::Attr, Class, FileKind, Ino, Time, ROOT_INO};
@@ -187,7 +190,7 @@ impl SmStore {
                 let n = e.file_name().to_string_lossy().into_owned();
                 if (n.starts_with("db-") && n != name) || n.starts_with("checkpoint-") {
                     let _ = std::fs::remove_dir_all(e.path());
-                } else if n.starts_with("snapshot-db-") {
+                } else if n.starts_with("snapshot-db-") || n.starts_with(INCOMING) {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
@@ -200,8 +203,12 @@ impl SmStore {
         )?;
         let mark = Arc::new(SnapshotMark::default());
         match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-            Ok(b) => mark.set(dec::<StoredSnapshot>(&b, "snapshot")?.meta.last_log_id),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(b) => {
+                let stored = dec::<StoredSnapshot>(&b, "snapshot")?;
+                mark.set(stored.meta.last_log_id);
+                remove_data_files_but(dir, Some(&stored.data_file));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => remove_data_files_but(dir, None),
             Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
         }
         if partition == 0 {
@@ -255,6 +262,29 @@ impl SmStore {
 
 /// The stored snapshot of a replica, in its directory.
 const SNAPSHOT_FILE: &str = "snapshot.bin";
+/// Names of snapshot data files begin so.
+const DATA_FILE: &str = "snapshot-data-";
+/// Names of snapshots being received begin so.
+const INCOMING: &str = "incoming-";
+
+/// Removes the snapshot data files of `dir` but `keep`: replaced or never recorded ones.
+fn remove_data_files_but(dir: &Path, keep: Option<&str>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with(DATA_FILE) && Some(n.as_str()) != keep {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Opens a snapshot data file for openraft to read (and send on in chunks).
+fn open_data(path: &Path) -> Result<Box<tokio::fs::File>, Fatal> {
+    std::fs::File::open(path)
+        .map(|f| Box::new(tokio::fs::File::from_std(f)))
+        .map_err(|e| Fatal::Corrupt(format!("open {}: {e}", path.display())))
+}
 
 /// Where an install writes the snapshot record of instance `db` before switching to it.
 fn pending_snapshot_file(dir: &Path, db: &str) -> PathBuf {
@@ -290,32 +320,20 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Fatal> {
     res.map_err(|e| Fatal::Corrupt(format!("write {}: {e}", path.display())))
 }
 
-/// A stored snapshot: its metadata and the packed checkpoint files.
+/// A stored snapshot: its metadata and the name of its data file (the packed checkpoint)
+/// in the replica's directory.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
-    #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
-}
-
-/// The files of a checkpoint, packed for transfer.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct PackedFiles {
-    files: Vec<PackedFile>,
-}
-
-/// One file of a packed checkpoint.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct PackedFile {
-    name: String,
-    #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
+    data_file: String,
 }
 
 /// The openraft state machine of one partition replica.
 pub struct PartitionSm {
     store: Arc<SmStore>,
     applier: Applier,
+    /// The file a snapshot is being received into, from `begin_receiving_snapshot`.
+    receiving: Option<PathBuf>,
 }
 
 impl PartitionSm {
@@ -324,7 +342,11 @@ impl PartitionSm {
         let applier = Applier {
             partition: store.partition,
         };
-        PartitionSm { store, applier }
+        PartitionSm {
+            store,
+            applier,
+            receiving: None,
+        }
     }
 }
 
@@ -356,18 +378,17 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             let ro = DB::open_for_read_only(&Options::default(), &cp_dir, false)?;
             read_applied(&ro)?
         };
-        let mut files = Vec::new();
-        for e in std::fs::read_dir(&cp_dir).map_err(|e| Fatal::Corrupt(e.to_string()))? {
-            let e = e.map_err(|e| Fatal::Corrupt(e.to_string()))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == "LOCK" || name.starts_with("LOG") {
-                continue;
-            }
-            let data = std::fs::read(e.path()).map_err(|e| Fatal::Corrupt(e.to_string()))?;
-            files.push(PackedFile { name, data });
+        let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
+        let data_path = store.dir.join(&data_file);
+        let packed = (|| -> std::io::Result<()> {
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&data_path)?);
+            crate::archive::pack(&cp_dir, |n| n != "LOCK" && !n.starts_with("LOG"), &mut out)?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        })();
+        if let Err(e) = packed {
+            let _ = std::fs::remove_file(&data_path);
+            return Err(Fatal::Corrupt(format!("pack the snapshot: {e}")));
         }
-        let data = crate::format::encode(&PackedFiles { files })
-            .map_err(|e| Fatal::Corrupt(e.to_string()))?;
         let snapshot_id = match applied {
             Some(l) => format!(
                 "{}-{}-{}-{:x}",
@@ -385,13 +406,17 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         };
         let stored = StoredSnapshot {
             meta: meta.clone(),
-            data,
+            data_file: data_file.clone(),
         };
-        write_atomic(&store.snapshot_file(), &enc(&stored))?;
+        if let Err(e) = write_atomic(&store.snapshot_file(), &enc(&stored)) {
+            let _ = std::fs::remove_file(&data_path);
+            return Err(e);
+        }
         store.mark.set(meta.last_log_id);
+        remove_data_files_but(&store.dir, Some(&data_file));
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+            snapshot: open_data(&data_path)?,
         })
     })();
     let _ = std::fs::remove_dir_all(&cp_dir);
@@ -477,19 +502,39 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self
+            .store
+            .dir
+            .join(format!("{INCOMING}{:016x}", rand::random::<u64>()));
+        // Read as well as written: the install reads back what openraft wrote into it.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        if let Some(old) = self.receiving.replace(path) {
+            let _ = tokio::fs::remove_file(old).await;
+        }
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
+        let werr = |e: std::io::Error| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
         let store = self.store.clone();
         let meta = meta.clone();
-        let data = snapshot.into_inner();
-        tokio::task::spawn_blocking(move || install_snapshot(&store, meta, data))
+        let received = self.receiving.take();
+        let mut file = snapshot.into_std().await;
+        file.flush().map_err(werr)?;
+        file.sync_all().map_err(werr)?;
+        file.rewind().map_err(werr)?;
+        tokio::task::spawn_blocking(move || install_snapshot(&store, meta, file, received))
             .await
             .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
     }
@@ -505,7 +550,7 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         let s: StoredSnapshot = dec(&bytes, "snapshot").map_err(rerr)?;
         Ok(Some(Snapshot {
             meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
+            snapshot: open_data(&self.store.dir.join(&s.data_file)).map_err(rerr)?,
         }))
     }
 }
@@ -513,25 +558,19 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
 fn install_snapshot(
     store: &SmStore,
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
-    data: Vec<u8>,
+    data: std::fs::File,
+    received: Option<PathBuf>,
 ) -> Result<(), StorageError> {
     let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
-    let packed: PackedFiles = dec(&data, "snapshot files").map_err(werr)?;
     let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
     let name = format!("db-{}", rand::random::<u64>());
     let target = store.dir.join(&name);
+    let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
+    let data_path = store.dir.join(&data_file);
     let res = (|| -> Result<DB, Fatal> {
-        std::fs::create_dir_all(&target).map_err(|e| Fatal::Corrupt(e.to_string()))?;
-        for PackedFile {
-            name: file,
-            data: bytes,
-        } in &packed.files
-        {
-            if file.contains('/') || file.contains("..") {
-                return Err(Fatal::Corrupt(format!("snapshot file name {file:?}")));
-            }
-            std::fs::write(target.join(file), bytes).map_err(|e| Fatal::Corrupt(e.to_string()))?;
-        }
+        let corrupt = |e: std::io::Error| Fatal::Corrupt(format!("unpack the snapshot: {e}"));
+        std::fs::create_dir_all(&target).map_err(corrupt)?;
+        crate::archive::unpack(&mut std::io::BufReader::new(&data), &target).map_err(corrupt)?;
         crate::fail_point!("snapshot-install-files");
         let db = DB::open(&db_options(&store.tuning), &target)?;
         crate::format::check_store(&db, "a received snapshot", crate::format::FORMAT)?;
@@ -542,12 +581,30 @@ fn install_snapshot(
                 meta.last_log_id
             )));
         }
+        // The received stream becomes the replica's stored snapshot data, as it is.
+        match &received {
+            Some(path) => std::fs::rename(path, &data_path),
+            None => {
+                let mut src = &data;
+                src.rewind()
+                    .and_then(|()| std::fs::File::create(&data_path))
+                    .and_then(|mut out| {
+                        std::io::copy(&mut src, &mut out)?;
+                        out.sync_all()
+                    })
+            }
+        }
+        .map_err(|e| Fatal::Corrupt(format!("keep the snapshot data: {e}")))?;
         Ok(db)
     })();
     let db = match res {
         Ok(db) => db,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&target);
+            let _ = std::fs::remove_file(&data_path);
+            if let Some(path) = &received {
+                let _ = std::fs::remove_file(path);
+            }
             return Err(werr(e));
         }
     };
@@ -555,8 +612,13 @@ fn install_snapshot(
     // written first, under its name, and put in place after (or by the next open).
     let last = meta.last_log_id;
     let pending = pending_snapshot_file(&store.dir, &name);
-    if let Err(e) = write_atomic(&pending, &enc(&StoredSnapshot { meta, data })) {
+    let record = StoredSnapshot {
+        meta,
+        data_file: data_file.clone(),
+    };
+    if let Err(e) = write_atomic(&pending, &enc(&record)) {
         let _ = std::fs::remove_dir_all(&target);
+        let _ = std::fs::remove_file(&data_path);
         return Err(werr(e));
     }
     write_atomic(&store.dir.join("CURRENT_DB"), name.as_bytes()).map_err(werr)?;
@@ -569,6 +631,7 @@ fn install_snapshot(
     std::fs::rename(&pending, store.snapshot_file())
         .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
     store.mark.set(last);
+    remove_data_files_but(&store.dir, Some(&data_file));
     Ok(())
 }
 
@@ -799,5 +862,62 @@ mod tests {
                 && text.contains("newer release"),
             "{text}"
         );
+    }
+
+    /// A snapshot goes from one replica to another as files: built into a data file,
+    /// received into another, unpacked and swapped in; the receiver keeps the received
+    /// file as its own stored snapshot and nothing else, and a reopen finds it.
+    #[tokio::test]
+    async fn a_snapshot_streams_from_one_replica_to_another_through_files() {
+        let (a_dir, b_dir) = (
+            tempfile::tempdir().expect("temp dir"),
+            tempfile::tempdir().expect("temp dir"),
+        );
+        let at = LogId::new(CommittedLeaderId::new(3, 1), 40);
+        let a = SmStore::open(a_dir.path(), 3, b"").expect("open a");
+        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        a.db().put(b"Bsome-body", &body).expect("write a body");
+        a.db().put(meta::APPLIED, enc(&at)).expect("write applied");
+        let mut built = build_snapshot(&a).expect("build");
+        let data_files = |dir: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .expect("list")
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(DATA_FILE) || n.starts_with(INCOMING))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(data_files(a_dir.path()).len(), 1);
+
+        let b = SmStore::open(b_dir.path(), 3, b"").expect("open b");
+        let mut sm = PartitionSm::new(b.clone());
+        let mut incoming = sm.begin_receiving_snapshot().await.expect("begin");
+        tokio::io::copy(&mut built.snapshot, &mut *incoming)
+            .await
+            .expect("send");
+        sm.install_snapshot(&built.meta, incoming)
+            .await
+            .expect("install");
+        assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body.clone()));
+        assert_eq!(b.snapshot_mark().get(), Some(at));
+        let kept = data_files(b_dir.path());
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert!(kept[0].starts_with(DATA_FILE), "{kept:?}");
+        let current = sm
+            .get_current_snapshot()
+            .await
+            .expect("read")
+            .expect("a snapshot");
+        assert_eq!(current.meta, built.meta);
+        drop((sm, b, current));
+
+        // A stray data file (a build cut short) is removed at open; the recorded one stays.
+        std::fs::write(b_dir.path().join(format!("{DATA_FILE}stray")), b"x").expect("stray");
+        let b = SmStore::open(b_dir.path(), 3, b"").expect("reopen b");
+        assert_eq!(data_files(b_dir.path()), kept);
+        assert_eq!(b.snapshot_mark().get(), Some(at));
+        assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body));
     }
 }

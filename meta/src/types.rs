@@ -8,7 +8,6 @@
 //! every replica reaches the same state.
 
 use serde::{Deserialize, Serialize};
-use std::io::Cursor;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
 
 openraft::declare_raft_types!(
@@ -19,7 +18,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
 );
 
 /// Raft handle of one partition group.
