@@ -36,11 +36,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use talon_model::name::validate_symlink_target;
 use talon_model::placement::entry_partition;
+use talon_model::SYMLINK_XATTR;
 use talon_model::{validate_name, Attr, Class, Errno, FileKind, Ino, TalonError};
 use talon_proto::v1 as pb;
-
-/// The xattr through which a symlink's target is read (the protocol has no ReadLink RPC).
-pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
 
 /// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
 /// renames landing between resolving a path and using it) before the refusal is returned.

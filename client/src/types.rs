@@ -92,60 +92,7 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
 }
 
-/// Flags of a rename, as Linux `renameat2` has them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RenameFlags {
-    /// Fail with EEXIST instead of replacing the destination.
-    pub noreplace: bool,
-    /// Atomically swap source and destination, which must both exist.
-    pub exchange: bool,
-}
-
-impl RenameFlags {
-    /// Replace the destination if it exists (plain `rename(2)`).
-    pub const REPLACE: RenameFlags = RenameFlags {
-        noreplace: false,
-        exchange: false,
-    };
-    /// `RENAME_NOREPLACE`.
-    pub const NOREPLACE: RenameFlags = RenameFlags {
-        noreplace: true,
-        exchange: false,
-    };
-    /// `RENAME_EXCHANGE`.
-    pub const EXCHANGE: RenameFlags = RenameFlags {
-        noreplace: false,
-        exchange: true,
-    };
-
-    /// The wire flags.
-    pub fn bits(self) -> u32 {
-        (self.noreplace as u32) | ((self.exchange as u32) << 1)
-    }
-}
-
-/// Flags of a set-xattr, as Linux `setxattr` has them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum XattrFlags {
-    /// Create or replace.
-    #[default]
-    Any,
-    /// `XATTR_CREATE`: fail with EEXIST if it exists.
-    Create,
-    /// `XATTR_REPLACE`: fail with ENODATA if it does not exist.
-    Replace,
-}
-
-impl XattrFlags {
-    /// The wire flags.
-    pub fn bits(self) -> u32 {
-        match self {
-            XattrFlags::Any => 0,
-            XattrFlags::Create => 1,
-            XattrFlags::Replace => 2,
-        }
-    }
-}
+pub use talon_model::flags::{RenameFlags, XattrFlags};
 
 /// Usage figures, summed over the partitions asked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

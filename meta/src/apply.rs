@@ -26,7 +26,7 @@ use crate::types::{
 };
 use crate::view::{Overlay, View};
 use rocksdb::DB;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, Time};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
 pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
@@ -333,10 +333,10 @@ impl Applier {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
                     let exists = v.get(&keys::xattr(*ino, name))?.is_some();
-                    if value.is_some() && flags & 1 != 0 && exists {
+                    if value.is_some() && *flags == XattrFlags::Create.bits() && exists {
                         return Ok(Err(posix(Errno::EEXIST, "xattr exists")));
                     }
-                    if (value.is_none() || flags & 2 != 0) && !exists {
+                    if (value.is_none() || *flags == XattrFlags::Replace.bits()) && !exists {
                         return Ok(Err(posix(Errno::ENODATA, "no such xattr")));
                     }
                 }

@@ -9,10 +9,8 @@ use crate::records::storage_error;
 use crate::types::{AttrChange, Op};
 use std::collections::BTreeMap;
 use talon_model::placement::dir_partitions;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time, SYMLINK_XATTR};
 
-/// The virtual xattr that carries a symlink's target (readlink).
-pub const SYMLINK_XATTR: &[u8] = b"talon.symlink";
 /// Longest xattr value.
 pub const XATTR_VALUE_MAX: usize = 64 * 1024;
 impl Node {
@@ -128,9 +126,7 @@ impl Node {
         if value.as_ref().is_some_and(|v| v.len() > XATTR_VALUE_MAX) {
             return Err(posix(Errno::E2BIG, "xattr value over 64 KiB"));
         }
-        if flags & !3 != 0 || flags == 3 {
-            return Err(posix(Errno::EINVAL, format!("xattr flags {flags:#x}")));
-        }
+        talon_model::XattrFlags::from_bits(flags)?;
         if self.applied(part, request)?.is_some() {
             return Ok(());
         }

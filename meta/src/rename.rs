@@ -12,21 +12,17 @@ use crate::records::storage_error;
 use crate::types::{Expect, Op, Target};
 use std::collections::BTreeMap;
 use talon_model::placement::entry_partition;
-use talon_model::{Errno, FileKind, Ino, TalonError, Time, ROOT_INO};
+use talon_model::{Errno, FileKind, Ino, RenameFlags, TalonError, Time, ROOT_INO};
 
-/// Linux renameat2 flags.
-pub const RENAME_NOREPLACE: u32 = 1;
-/// Linux renameat2 flags.
-pub const RENAME_EXCHANGE: u32 = 2;
 /// Deepest directory chain walked when checking a rename for loops.
 const MAX_DEPTH: usize = 4096;
 /// What a rename requires of its destination entry at commit, given what its plan read
 /// there (`planned`). A plain rename replaces whatever is there, or takes the free name, so
 /// any change re-plans it; NOREPLACE answers EEXIST if a name appeared; EXCHANGE answers
 /// ENOENT if its partner went.
-fn destination_guard(planned: Option<Ino>, flags: u32) -> Expect {
+fn destination_guard(planned: Option<Ino>, flags: RenameFlags) -> Expect {
     match planned {
-        _ if flags & (RENAME_NOREPLACE | RENAME_EXCHANGE) == 0 => Expect::AsPlanned(planned),
+        _ if flags == RenameFlags::REPLACE => Expect::AsPlanned(planned),
         Some(ino) => Expect::Ino(ino),
         None => Expect::Absent,
     }
@@ -49,11 +45,7 @@ impl Node {
     ) -> Result<u64, TalonError> {
         check_name(sn)?;
         check_name(dn)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == (RENAME_NOREPLACE | RENAME_EXCHANGE)
-        {
-            return Err(posix(Errno::EINVAL, format!("rename flags {flags:#x}")));
-        }
+        let flags = RenameFlags::from_bits(flags)?;
         let part = self.local(p)?;
         let renamed = |_| async { part.store.epoch().map_err(storage_error) };
         replan("rename", 30, || async {
@@ -71,7 +63,7 @@ impl Node {
         epoch: u64,
         (sp, sn): (Ino, &[u8]),
         (dp, dn): (Ino, &[u8]),
-        flags: u32,
+        flags: RenameFlags,
         request: u64,
     ) -> Result<u64, TalonError> {
         let ps = part.id;
@@ -105,9 +97,9 @@ impl Node {
         } else {
             self.read_dentry(pd, dp, dn).await?
         };
-        let exchange = flags & RENAME_EXCHANGE != 0;
+        let exchange = flags.exchange;
         match (&dst, exchange) {
-            (Some(_), false) if flags & RENAME_NOREPLACE != 0 => {
+            (Some(_), false) if flags.noreplace => {
                 return Err(posix(Errno::EEXIST, "destination exists"))
             }
             (None, true) => return Err(posix(Errno::ENOENT, "exchange with a missing entry")),
