@@ -11,21 +11,18 @@
 //! when leadership moved under the batch; those ops are sent again at the named leader
 //! until they settle or the operation deadline passes.
 
-use crate::client::{attr_of, check_name, header, read_kind, Client};
+use crate::client::{read_kind, Client};
 use crate::router::ReadKind;
+use crate::settle::Scope;
 use crate::types::CreateSpec;
+use crate::wire::{attr_of, header};
 use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
 use talon_model::placement::entry_partition;
-use talon_model::{Attr, Class, Ino, TalonError};
+use talon_model::{check_name, Attr, Backoff, Class, Ino, TalonError};
 use talon_proto::v1 as pb;
 use talon_proto::v1::batch_op::Op;
 use talon_proto::v1::batch_result::Result as BatchOutcome;
-
-/// First pause before resending ops a batch answered with a retryable error.
-const BATCH_BACKOFF_START: std::time::Duration = std::time::Duration::from_millis(5);
-/// Longest such pause.
-const BATCH_BACKOFF_CAP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// One op bound for a partition, with its position in the caller's input.
 type Slot = (usize, Op);
@@ -47,7 +44,7 @@ impl Client {
         let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; n];
         let mut groups: BTreeMap<u32, Vec<(usize, Vec<u8>, CreateSpec)>> = BTreeMap::new();
         for (i, (name, spec)) in specs.into_iter().enumerate() {
-            match Self::check_spec(&name, &spec) {
+            match spec.check(&name) {
                 Ok(()) => {
                     let p = entry_partition(parent, &name, class, parts);
                     groups.entry(p).or_default().push((i, name, spec));
@@ -174,8 +171,8 @@ impl Client {
         slots: Vec<Slot>,
         read: ReadKind,
     ) -> Vec<(usize, Result<Attr, TalonError>)> {
-        let deadline = tokio::time::Instant::now() + self.router().op_timeout();
-        let mut backoff = BATCH_BACKOFF_START;
+        let deadline = std::time::Instant::now() + self.router().op_timeout();
+        let mut backoff = Backoff::rpc();
         let mut pending = slots;
         let mut done = Vec::with_capacity(pending.len());
         loop {
@@ -193,12 +190,11 @@ impl Client {
             if again.is_empty() {
                 return done;
             }
-            if tokio::time::Instant::now() + backoff >= deadline {
+            let Some(pause) = backoff.pause_before(deadline) else {
                 done.extend(again.into_iter().map(|((i, _), e)| (i, Err(e))));
                 return done;
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BATCH_BACKOFF_CAP);
+            };
+            tokio::time::sleep(pause).await;
             pending = again.into_iter().map(|(slot, _)| slot).collect();
         }
     }
@@ -219,7 +215,7 @@ impl Client {
         let ops = &ops;
         let read = self.read_for(p, read);
         let reply = self
-            .retry_stale(|epoch| async move {
+            .settle(Scope::Inode, |epoch| async move {
                 let req = pb::BatchRequest {
                     header: header(p, read, epoch),
                     ops: ops.clone(),

@@ -5,7 +5,8 @@
 //! link, rename) go to `entry_partition(parent, name, parent_class, P)`, inode operations
 //! to the ino's home partition. The parent's class comes from the path cache's class table,
 //! or from a strict `GetAttr` of the parent; a `ClassChanged` answer (the class changed
-//! while the directory was empty) drops it, re-fetches it, and sends the request once more.
+//! while the directory was empty) drops it, re-fetches it, and sends the request once more
+//! (the `settle` wrapper, which also handles `StaleEpoch`).
 //!
 //! Epochs: every write, and every strict read, carries the client's namespace epoch;
 //! relaxed reads carry 0 and `relaxed_read`. An inode-level operation names inodes, not
@@ -25,32 +26,19 @@ use crate::error::ClientError;
 use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
 use crate::router::{ReadKind, Router};
+use crate::settle::Scope;
 use crate::transport::LocalNode;
-use crate::types::{
-    CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
-};
+use crate::types::{CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, XattrFlags};
+use crate::wire::{attr_of, header, request_id};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use talon_model::name::validate_symlink_target;
 use talon_model::placement::entry_partition;
 use talon_model::SYMLINK_XATTR;
-use talon_model::{validate_name, Attr, Class, Errno, FileKind, Ino, TalonError};
+use talon_model::{check_name, Attr, Class, Errno, FileKind, Ino, TalonError};
 use talon_proto::v1 as pb;
-
-/// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
-/// renames landing between resolving a path and using it) before the refusal is returned.
-pub(crate) const STALE_ATTEMPTS: usize = 32;
-
-/// Pause before attempt `attempt` (2, 3, ...) of an operation refused with `StaleEpoch`:
-/// random within a window that doubles from 2 ms up to 128 ms, so clients whose directory
-/// renames keep moving the epoch under one another stop meeting in lockstep.
-pub(crate) async fn stale_backoff(attempt: usize) {
-    let window_ms = 1u64 << attempt.clamp(1, 7);
-    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=window_ms))).await;
-}
 
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
@@ -70,66 +58,11 @@ pub(crate) struct Inner {
     born: Instant,
 }
 
-/// A fresh id for one logical request (a create, rename, remove, link or xattr change). The
-/// router sends
-/// the very same request again after a lost answer, so the server recognises a copy of a
-/// request it already applied and answers it as done.
-fn request_id() -> u64 {
-    rand::random::<u64>().max(1)
-}
-
-/// Decodes the attributes a reply must carry.
-pub(crate) fn attr_of(a: Option<pb::Attr>) -> Result<Attr, TalonError> {
-    a.ok_or_else(|| TalonError::Invalid("reply without attributes".into()))?
-        .try_into()
-}
-
-/// Checks an entry name, mapping a bad one to its POSIX error.
-pub(crate) fn check_name(name: &[u8]) -> Result<(), TalonError> {
-    validate_name(name).map_err(|errno| {
-        TalonError::posix(
-            errno,
-            format!("bad name {:?}", String::from_utf8_lossy(name)),
-        )
-    })
-}
-
-/// The header of a request to `partition`.
-pub(crate) fn header(partition: u32, read: ReadKind, epoch: u64) -> Option<pb::RequestHeader> {
-    Some(match read {
-        ReadKind::RelaxedRead => pb::RequestHeader {
-            partition,
-            epoch: 0,
-            relaxed_read: true,
-        },
-        // Served like a relaxed read (no ReadIndex), by the leader the router picks, and
-        // checked against the client's epoch like a strict one.
-        ReadKind::SessionRead => pb::RequestHeader {
-            partition,
-            epoch,
-            relaxed_read: true,
-        },
-        _ => pb::RequestHeader {
-            partition,
-            epoch,
-            relaxed_read: false,
-        },
-    })
-}
-
 /// The read kind for entries of a directory of class `class`.
 pub(crate) fn read_kind(class: Class) -> ReadKind {
     match class {
         Class::Strict => ReadKind::StrictRead,
         Class::Relaxed => ReadKind::RelaxedRead,
-    }
-}
-
-fn time_set(t: Option<TimeSet>) -> (Option<pb::Timestamp>, bool) {
-    match t {
-        None => (None, false),
-        Some(TimeSet::Now) => (None, true),
-        Some(TimeSet::At(t)) => (Some(t.into()), false),
     }
 }
 
@@ -287,28 +220,6 @@ impl Client {
         r
     }
 
-    /// Runs `f` with the client's epoch; after a `StaleEpoch` answer runs it again with the
-    /// newer epoch (the cache has been dropped by then, so a path is resolved afresh), up to
-    /// `STALE_ATTEMPTS` times in all. A refused attempt changed nothing, so running it again
-    /// is safe; only directory renames that keep landing in between can exhaust them.
-    pub(crate) async fn retry_stale<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
-    where
-        F: Fn(u64) -> Fut,
-        Fut: Future<Output = Result<T, TalonError>>,
-    {
-        let mut attempts = 1;
-        loop {
-            match f(self.epoch()).await {
-                Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
-                    self.cache().observe_epoch(epoch);
-                    attempts += 1;
-                    stale_backoff(attempts).await;
-                }
-                r => return r,
-            }
-        }
-    }
-
     /// The class of directory `dir` if this client knows it, without asking the cluster.
     pub fn cached_class(&self, dir: Ino) -> Option<Class> {
         self.cache().class_of(dir)
@@ -330,29 +241,6 @@ impl Client {
         }
         self.cache().set_class(dir, attr.class);
         Ok(attr.class)
-    }
-
-    /// Runs entry operation `f` with `parent`'s class; on `ClassChanged` re-fetches the
-    /// class and runs it once more.
-    pub(crate) async fn with_parent_class<T, F, Fut>(
-        &self,
-        parent: Ino,
-        f: F,
-    ) -> Result<T, TalonError>
-    where
-        F: Fn(Class) -> Fut,
-        Fut: Future<Output = Result<T, TalonError>>,
-    {
-        let class = self.dir_class(parent).await?;
-        match f(class).await {
-            Err(TalonError::ClassChanged(m)) => {
-                tracing::debug!(%parent, "class changed ({m}); re-fetching the class");
-                self.cache().forget_class(parent);
-                let fresh = self.dir_class(parent).await?;
-                f(fresh).await
-            }
-            r => r,
-        }
     }
 
     fn partition_of(&self, parent: Ino, name: &[u8], class: Class) -> u32 {
@@ -413,34 +301,15 @@ impl Client {
         spec: &CreateSpec,
         epoch: u64,
     ) -> pb::CreateRequest {
-        pb::CreateRequest {
-            header: header(p, ReadKind::Write, epoch),
-            parent: parent.0,
-            name: name.to_vec(),
-            kind: pb::FileKind::from(spec.kind) as i32,
-            perm: spec.perm & 0o7777,
-            uid: spec.owner.map_or(self.inner.opts.uid, |o| o.0),
-            gid: spec.owner.map_or(self.inner.opts.gid, |o| o.1),
-            rdev: spec.rdev,
-            symlink_target: spec.symlink_target.clone(),
-            class: spec.class.map_or(
-                pb::ConsistencyClass::Unspecified,
-                pb::ConsistencyClass::from,
-            ) as i32,
-            exclusive: spec.exclusive,
-            // One token per logical create: the router resends this very request, so a
-            // retry after a lost reply finds its own inode instead of EEXIST.
-            request_id: request_id(),
-        }
-    }
-
-    pub(crate) fn check_spec(name: &[u8], spec: &CreateSpec) -> Result<(), TalonError> {
-        check_name(name)?;
-        if spec.kind == FileKind::Symlink {
-            validate_symlink_target(&spec.symlink_target)
-                .map_err(|e| TalonError::posix(e, "bad symlink target"))?;
-        }
-        Ok(())
+        // One token per logical create: the router resends this very request, so a retry
+        // after a lost reply finds its own inode instead of EEXIST.
+        spec.to_request(
+            header(p, ReadKind::Write, epoch),
+            parent,
+            name,
+            (self.inner.opts.uid, self.inner.opts.gid),
+            request_id(),
+        )
     }
 
     /// `Create`; fills the cache with the new entry.
@@ -587,23 +456,23 @@ impl Client {
     /// from any replica; entries of strict ones from the leader.
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, TalonError> {
         check_name(name)?;
-        self.retry_stale(|epoch| {
-            self.with_parent_class(parent, move |class| async move {
-                let (attr, stamp) = self
-                    .rpc_lookup(parent, class, name, read_kind(class), epoch)
-                    .await?;
-                self.cache()
-                    .insert_dentry(parent, class, name, &attr, stamp);
-                Ok(attr)
-            })
+        self.settle_in(parent, |class, epoch| async move {
+            let (attr, stamp) = self
+                .rpc_lookup(parent, class, name, read_kind(class), epoch)
+                .await?;
+            self.cache()
+                .insert_dentry(parent, class, name, &attr, stamp);
+            Ok(attr)
         })
         .await
     }
 
     /// The attributes of `ino`, read linearizably from its home partition's leader.
     pub async fn getattr(&self, ino: Ino) -> Result<Attr, TalonError> {
-        self.retry_stale(|epoch| self.rpc_getattr(ino, ReadKind::StrictRead, epoch))
-            .await
+        self.settle(Scope::Inode, |epoch| {
+            self.rpc_getattr(ino, ReadKind::StrictRead, epoch)
+        })
+        .await
     }
 
     /// The attributes of `ino` from any replica of its home partition, possibly stale
@@ -615,21 +484,8 @@ impl Client {
     /// Changes the attributes named in `set`; returns the new attributes.
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<Attr, TalonError> {
         let p = ino.home();
-        self.retry_stale(|epoch| {
-            let (atime, atime_now) = time_set(set.atime);
-            let (mtime, mtime_now) = time_set(set.mtime);
-            let req = pb::SetAttrRequest {
-                header: header(p, ReadKind::Write, epoch),
-                ino: ino.0,
-                perm: set.perm.map(|m| m & 0o7777),
-                uid: set.uid,
-                gid: set.gid,
-                size: set.size,
-                atime,
-                mtime,
-                atime_now,
-                mtime_now,
-            };
+        self.settle(Scope::Inode, |epoch| {
+            let req = set.to_request(header(p, ReadKind::Write, epoch), ino);
             async move {
                 let reply = self
                     .call(
@@ -653,12 +509,10 @@ impl Client {
         name: &[u8],
         spec: CreateSpec,
     ) -> Result<Attr, TalonError> {
-        Self::check_spec(name, &spec)?;
+        spec.check(name)?;
         let spec = &spec;
-        self.retry_stale(|epoch| {
-            self.with_parent_class(parent, move |class| async move {
-                Ok(self.rpc_create(parent, class, name, spec, epoch).await?.0)
-            })
+        self.settle_in(parent, |class, epoch| async move {
+            Ok(self.rpc_create(parent, class, name, spec, epoch).await?.0)
         })
         .await
     }
@@ -673,10 +527,8 @@ impl Client {
     ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
         let reply = self
-            .retry_stale(|epoch| {
-                self.with_parent_class(parent, move |class| {
-                    self.rpc_remove(parent, class, name, directory, epoch)
-                })
+            .settle_in(parent, |class, epoch| {
+                self.rpc_remove(parent, class, name, directory, epoch)
             })
             .await?;
         Ok((Ino(reply.ino), reply.nlink))
@@ -700,12 +552,10 @@ impl Client {
                 "NOREPLACE and EXCHANGE together",
             ));
         }
-        self.retry_stale(|epoch| {
-            self.with_parent_class(src_parent, move |class| {
-                self.rpc_rename(
-                    src_parent, class, src_name, dst_parent, dst_name, flags, epoch,
-                )
-            })
+        self.settle_in(src_parent, |class, epoch| {
+            self.rpc_rename(
+                src_parent, class, src_name, dst_parent, dst_name, flags, epoch,
+            )
         })
         .await
     }
@@ -718,10 +568,8 @@ impl Client {
         new_name: &[u8],
     ) -> Result<Attr, TalonError> {
         check_name(new_name)?;
-        self.retry_stale(|epoch| {
-            self.with_parent_class(new_parent, move |class| {
-                self.rpc_link(ino, new_parent, class, new_name, epoch)
-            })
+        self.settle_in(new_parent, |class, epoch| {
+            self.rpc_link(ino, new_parent, class, new_name, epoch)
         })
         .await
     }
@@ -729,7 +577,7 @@ impl Client {
     /// The value of xattr `name` of `ino` (ENODATA when absent).
     pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
         let p = ino.home();
-        self.retry_stale(|epoch| {
+        self.settle(Scope::Inode, |epoch| {
             let req = pb::GetXattrRequest {
                 header: header(p, ReadKind::StrictRead, epoch),
                 ino: ino.0,
@@ -758,7 +606,7 @@ impl Client {
     ) -> Result<(), TalonError> {
         let p = ino.home();
         let request_id = request_id();
-        self.retry_stale(|epoch| {
+        self.settle(Scope::Inode, |epoch| {
             let req = pb::SetXattrRequest {
                 header: header(p, ReadKind::Write, epoch),
                 ino: ino.0,
@@ -782,7 +630,7 @@ impl Client {
     /// The names of `ino`'s xattrs.
     pub async fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>, TalonError> {
         let p = ino.home();
-        self.retry_stale(|epoch| {
+        self.settle(Scope::Inode, |epoch| {
             let req = pb::ListXattrRequest {
                 header: header(p, ReadKind::StrictRead, epoch),
                 ino: ino.0,
@@ -803,7 +651,7 @@ impl Client {
     pub async fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<(), TalonError> {
         let p = ino.home();
         let request_id = request_id();
-        self.retry_stale(|epoch| {
+        self.settle(Scope::Inode, |epoch| {
             let req = pb::RemoveXattrRequest {
                 header: header(p, ReadKind::Write, epoch),
                 ino: ino.0,
@@ -840,7 +688,7 @@ impl Client {
     pub async fn set_class(&self, ino: Ino, class: Class) -> Result<Attr, TalonError> {
         let p = ino.home();
         let attr = self
-            .retry_stale(|epoch| {
+            .settle(Scope::Inode, |epoch| {
                 let req = pb::SetClassRequest {
                     header: header(p, ReadKind::Write, epoch),
                     ino: ino.0,

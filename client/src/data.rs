@@ -23,13 +23,15 @@
 //! Writes carry `expect_generation = 0`: the last writer to commit wins, as with POSIX
 //! tools on a local file system (see `file` for what that means for concurrent writers).
 
-use crate::client::{attr_of, header, read_kind, Client};
+use crate::client::{read_kind, Client};
 use crate::path::{self, Components};
 use crate::paths::split_last;
 use crate::router::ReadKind;
+use crate::settle::Scope;
+use crate::wire::{attr_of, header};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use talon_model::placement::{chunk_partition, entry_partition};
-use talon_model::{Attr, Errno, FileKind, Ino, TalonError};
+use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
 use talon_proto::v1 as pb;
 
 /// Chunk reads in flight at once for one read.
@@ -44,75 +46,6 @@ pub(crate) const MAX_MESSAGE: usize = 80 << 20;
 /// Symlinks followed while opening one path before ELOOP (as in path resolution).
 const MAX_SYMLINK_HOPS: u32 = 40;
 
-/// One chunk of a chunked layout.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ChunkRef {
-    /// The write that stored it; 0 is a hole (reads as zeros).
-    pub write_id: u64,
-    /// Valid bytes; bytes of the chunk past it read as zeros.
-    pub len: u32,
-}
-
-impl ChunkRef {
-    /// True when the chunk holds no data.
-    pub fn is_hole(&self) -> bool {
-        self.write_id == 0 || self.len == 0
-    }
-}
-
-/// Where a file's bytes are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// The whole body is one record on the inode's home partition.
-    Small,
-    /// Fixed-size chunks striped over the partitions.
-    Chunked {
-        /// Bytes per chunk (the last may be shorter).
-        chunk_size: u32,
-        /// Chunk `i` covers bytes `[i * chunk_size, (i + 1) * chunk_size)`; past the end of
-        /// the list the file is a hole.
-        chunks: Vec<ChunkRef>,
-    },
-}
-
-impl Layout {
-    /// Decodes and checks the wire layout of a file of `size` bytes.
-    pub fn from_wire(l: Option<pb::Layout>, size: u64) -> Result<Layout, TalonError> {
-        let Some(l) = l.filter(|l| l.chunked) else {
-            return Ok(Layout::Small);
-        };
-        if l.chunk_size == 0 {
-            return Err(TalonError::Invalid(
-                "chunked layout with chunk size 0".into(),
-            ));
-        }
-        let most = size.div_ceil(l.chunk_size as u64);
-        if l.chunks.len() as u64 > most {
-            return Err(TalonError::Invalid(format!(
-                "layout names {} chunks for {size} bytes",
-                l.chunks.len()
-            )));
-        }
-        if let Some(c) = l.chunks.iter().find(|c| c.len > l.chunk_size) {
-            return Err(TalonError::Invalid(format!(
-                "chunk of {} bytes in a layout of {}-byte chunks",
-                c.len, l.chunk_size
-            )));
-        }
-        Ok(Layout::Chunked {
-            chunk_size: l.chunk_size,
-            chunks: l
-                .chunks
-                .into_iter()
-                .map(|c| ChunkRef {
-                    write_id: c.write_id,
-                    len: c.len,
-                })
-                .collect(),
-        })
-    }
-}
-
 /// What `Open` / `ReadWhole` answered: attributes, layout, and a small file's body.
 #[derive(Clone, Debug)]
 pub(crate) struct Opened {
@@ -120,25 +53,6 @@ pub(crate) struct Opened {
     pub(crate) layout: Layout,
     /// Present for a small file when the body was asked for.
     pub(crate) body: Option<Vec<u8>>,
-}
-
-impl Opened {
-    fn from_wire(r: pb::OpenReply) -> Result<Opened, TalonError> {
-        let attr = attr_of(r.attr)?;
-        let layout = Layout::from_wire(r.layout, attr.size)?;
-        let body = (r.has_body && layout == Layout::Small).then_some(r.body);
-        if let Some(b) = &body {
-            if b.len() as u64 != attr.size {
-                return Err(TalonError::Invalid(format!(
-                    "inode {}: body of {} bytes for size {}",
-                    attr.ino,
-                    b.len(),
-                    attr.size
-                )));
-            }
-        }
-        Ok(Opened { attr, layout, body })
-    }
 }
 
 /// The error for file `what` whose data could not be read: EIO names the file.
@@ -211,7 +125,7 @@ impl Client {
             })
             .await?;
         self.cache().observe_epoch(reply.epoch);
-        let opened = Opened::from_wire(reply)?;
+        let opened = Opened::try_from(reply)?;
         self.cache()
             .insert_dentry(dir, class, name, &opened.attr, epoch.max(self.epoch()));
         Ok(opened)
@@ -227,7 +141,7 @@ impl Client {
         let p = ino.home();
         let read = self.read_for(p, read);
         let reply = self
-            .retry_stale(|epoch| {
+            .settle(Scope::Inode, |epoch| {
                 let req = pb::OpenRequest {
                     header: header(p, read, epoch),
                     ino: ino.0,
@@ -238,14 +152,14 @@ impl Client {
                 })
             })
             .await?;
-        Opened::from_wire(reply)
+        Opened::try_from(reply)
     }
 
     /// `WriteSmall`: `body` becomes the whole contents of `ino`.
     pub(crate) async fn rpc_write_small(&self, ino: Ino, body: &[u8]) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
-            .retry_stale(|epoch| {
+            .settle(Scope::Inode, |epoch| {
                 let req = pb::WriteSmallRequest {
                     header: header(p, ReadKind::Write, epoch),
                     ino: ino.0,
@@ -350,16 +264,10 @@ impl Client {
         chunks: &[ChunkRef],
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
-        let wire: Vec<pb::ChunkRef> = chunks
-            .iter()
-            .map(|c| pb::ChunkRef {
-                write_id: c.write_id,
-                len: c.len,
-            })
-            .collect();
+        let wire: Vec<pb::ChunkRef> = chunks.iter().map(pb::ChunkRef::from).collect();
         let wire = &wire;
         let reply = self
-            .retry_stale(|epoch| {
+            .settle(Scope::Inode, |epoch| {
                 let req = pb::CommitLayoutRequest {
                     header: header(p, ReadKind::Write, epoch),
                     ino: ino.0,
@@ -462,7 +370,7 @@ impl Client {
             let (name, parent) = split_last(&comps, Errno::EISDIR, "open")?;
             let (name_ref, parent_ref) = (&name, &parent);
             let opened = self
-                .path_op(|epoch| async move {
+                .settle(Scope::Path, |epoch| async move {
                     let dir = self.resolve_dir(parent_ref, epoch).await?;
                     let read = if leader {
                         ReadKind::StrictRead
@@ -585,33 +493,5 @@ mod tests {
         );
         assert_eq!(pieces(5, 4, 4), vec![(1, 1, 3, 0), (2, 0, 1, 3)]);
         assert!(pieces(7, 0, 4).is_empty());
-    }
-
-    #[test]
-    fn layouts_are_checked() {
-        let wire = |chunk_size, lens: &[u32]| {
-            Some(pb::Layout {
-                chunked: true,
-                chunk_size,
-                chunks: lens
-                    .iter()
-                    .map(|l| pb::ChunkRef {
-                        write_id: 1,
-                        len: *l,
-                    })
-                    .collect(),
-            })
-        };
-        assert_eq!(Layout::from_wire(None, 5).expect("small"), Layout::Small);
-        assert!(Layout::from_wire(wire(0, &[]), 0).is_err());
-        assert!(Layout::from_wire(wire(4, &[4, 4]), 5).is_ok());
-        assert!(
-            Layout::from_wire(wire(4, &[4, 4]), 4).is_err(),
-            "chunk past the size"
-        );
-        assert!(
-            Layout::from_wire(wire(4, &[5]), 4).is_err(),
-            "chunk longer than chunks"
-        );
     }
 }

@@ -8,9 +8,11 @@
 //! miss entries younger than the staleness bound; entries of a strict directory are read
 //! from the leader.
 
-use crate::client::{header, read_kind, Client};
+use crate::client::{read_kind, Client};
 use crate::router::ReadKind;
+use crate::settle::Scope;
 use crate::types::DirEntry;
+use crate::wire::header;
 use futures::{Stream, StreamExt};
 use talon_model::placement::dir_partitions;
 use talon_model::{Ino, TalonError};
@@ -80,18 +82,12 @@ impl Client {
         plus: bool,
         strict: bool,
     ) -> Result<(Vec<DirEntry>, Option<DirCursor>), TalonError> {
-        match self
-            .readdir_page_once(dir, cursor, limit, plus, strict)
-            .await
-        {
-            Err(TalonError::ClassChanged(_)) => {
-                // The class changed while the directory was empty: route by the new one.
-                self.cache().forget_class(dir);
-                self.readdir_page_once(dir, cursor, limit, plus, strict)
-                    .await
-            }
-            r => r,
-        }
+        // A `ClassChanged` answer (the class changed while the directory was empty) drops
+        // the class, so the next attempt routes by the new one.
+        self.settle(Scope::Dir(dir), |_| {
+            self.readdir_page_once(dir, cursor, limit, plus, strict)
+        })
+        .await
     }
 
     async fn readdir_page_once(

@@ -37,7 +37,7 @@
 //! write errors; `AsyncSeek` works on the File's current size, uncommitted changes included.
 
 use crate::client::Client;
-use crate::data::{data_error, pieces, ChunkRef, Layout, Opened};
+use crate::data::{data_error, pieces, Opened};
 use crate::path;
 use crate::router::ReadKind;
 use crate::types::CreateSpec;
@@ -47,7 +47,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use talon_model::{Attr, Errno, FileKind, Ino, TalonError};
+use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 use tokio::task::JoinSet;
 

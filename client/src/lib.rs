@@ -32,15 +32,16 @@ pub mod path;
 pub mod path_cache;
 pub mod paths;
 pub mod router;
+pub(crate) mod settle;
 pub mod transfer;
 pub mod transport;
 pub mod types;
 #[cfg(feature = "server")]
 pub mod up;
+pub(crate) mod wire;
 
 pub use client::Client;
 pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};
-pub use data::{ChunkRef, Layout};
 pub use dir::{DirCursor, ReadDir};
 pub use error::ClientError;
 pub use file::{File, OpenOptions};
@@ -48,6 +49,7 @@ pub use import::{ImportOptions, ImportProgress, ImportSummary};
 pub use options::ClientOptions;
 pub use router::ReadKind;
 pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+pub use talon_model::{ChunkRef, Layout};
 pub use transport::LocalNode;
 pub use types::{
     CreateSpec, DirEntry, MkdirOptions, NodeSpace, NodeStatus, PartitionStatus, RenameFlags,

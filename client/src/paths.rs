@@ -16,14 +16,14 @@
 //! The final component of a strict path is always asked of the leader; the final
 //! component of a relaxed path may be answered from the cache within the TTL.
 
-use crate::client::{check_name, stale_backoff, Client, STALE_ATTEMPTS};
+use crate::client::Client;
 use crate::dir::{DirCursor, ReadDir};
 use crate::path::{self, Components};
 use crate::router::ReadKind;
+use crate::settle::Scope;
 use crate::types::{CreateSpec, MkdirOptions, RenameFlags, SetAttr, TimeSet};
 use futures::stream::{self, StreamExt, TryStreamExt};
-use std::future::Future;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
+use talon_model::{check_name, Attr, Class, Errno, FileKind, Ino, TalonError};
 
 /// Symlinks followed while resolving one path before ELOOP (Linux's limit).
 const MAX_SYMLINK_HOPS: u32 = 40;
@@ -63,35 +63,6 @@ fn not_dir(comps: &[Vec<u8>]) -> TalonError {
 }
 
 impl Client {
-    /// Runs path operation `f` with the current epoch; after `StaleEpoch` (cache dropped)
-    /// runs it again with the newer epoch, up to `STALE_ATTEMPTS` times in all, and after
-    /// `ClassChanged` (a directory's class changed: classes dropped) once more.
-    pub(crate) async fn path_op<T, F, Fut>(&self, f: F) -> Result<T, TalonError>
-    where
-        F: Fn(u64) -> Fut,
-        Fut: Future<Output = Result<T, TalonError>>,
-    {
-        let mut class_retried = false;
-        let mut attempts = 1;
-        loop {
-            match f(self.epoch()).await {
-                Err(TalonError::StaleEpoch { epoch }) if attempts < STALE_ATTEMPTS => {
-                    self.cache().observe_epoch(epoch);
-                    self.cache().clear();
-                    stale_backoff(attempts + 1).await;
-                }
-                Err(TalonError::ClassChanged(m)) if !class_retried => {
-                    tracing::debug!("class changed ({m}); dropping cached classes");
-                    self.cache().clear();
-                    self.cache().clear_classes();
-                    class_retried = true;
-                }
-                r => return r,
-            }
-            attempts += 1;
-        }
-    }
-
     async fn root_dir(&self) -> Result<Dir, TalonError> {
         let ino = self.root();
         Ok(Dir {
@@ -223,7 +194,8 @@ impl Client {
     /// be answered from the cache or a replica within the staleness bound.
     pub async fn stat(&self, path: impl AsRef<[u8]>) -> Result<Attr, TalonError> {
         let comps = path::components(path.as_ref())?;
-        self.path_op(|epoch| self.stat_comps(&comps, epoch)).await
+        self.settle(Scope::Path, |epoch| self.stat_comps(&comps, epoch))
+            .await
     }
 
     /// Creates directory `path`. Its class is `opts.class` if given; else strict when the
@@ -256,7 +228,7 @@ impl Client {
             }
         };
         let (comps, opts, class_for) = (&comps, &opts, &class_for);
-        self.path_op(|epoch| async move {
+        self.settle(Scope::Path, |epoch| async move {
             let first = if opts.parents { 1 } else { comps.len() };
             let mut parent = self.resolve_dir(&comps[..first - 1], epoch).await?;
             for i in first..=comps.len() {
@@ -329,9 +301,9 @@ impl Client {
         op: &str,
     ) -> Result<Attr, TalonError> {
         let (name, parent) = split_last(comps, root, op)?;
-        Self::check_spec(&name, &spec)?;
+        spec.check(&name)?;
         let (name, parent, spec) = (&name, &parent, &spec);
-        self.path_op(|epoch| async move {
+        self.settle(Scope::Path, |epoch| async move {
             let dir = self.resolve_dir(parent, epoch).await?;
             Ok(self
                 .rpc_create(dir.ino, dir.class, name, spec, epoch)
@@ -396,7 +368,7 @@ impl Client {
         };
         let (name, parent) = split_last(&comps, root_errno, op)?;
         let (name, parent) = (&name, &parent);
-        self.path_op(|epoch| async move {
+        self.settle(Scope::Path, |epoch| async move {
             let dir = self.resolve_dir(parent, epoch).await?;
             self.rpc_remove(dir.ino, dir.class, name, directory, epoch)
                 .await
@@ -457,7 +429,7 @@ impl Client {
         }
         let (sn, sp, dn, dp) = (&src_name, &src_parent, &dst_name, &dst_parent);
         let r = self
-            .path_op(|epoch| async move {
+            .settle(Scope::Path, |epoch| async move {
                 let sdir = self.resolve_dir(sp, epoch).await?;
                 let ddir = self.resolve_dir(dp, epoch).await?;
                 self.rpc_rename(sdir.ino, sdir.class, sn, ddir.ino, dn, flags, epoch)
@@ -481,7 +453,7 @@ impl Client {
         let (name, parent) = split_last(&to, Errno::EEXIST, "link")?;
         check_name(&name)?;
         let (from, name, parent) = (&from, &name, &parent);
-        self.path_op(|epoch| async move {
+        self.settle(Scope::Path, |epoch| async move {
             let attr = self.stat_comps(from, epoch).await?;
             if attr.kind == FileKind::Directory {
                 return Err(TalonError::posix(
@@ -527,7 +499,7 @@ impl Client {
     pub async fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<ReadDir, TalonError> {
         let comps = path::components(path.as_ref())?;
         let dir = self
-            .path_op(|epoch| self.resolve_dir(&comps, epoch))
+            .settle(Scope::Path, |epoch| self.resolve_dir(&comps, epoch))
             .await?;
         Ok(self.read_dir_ino(dir.ino, self.cluster_map().max_batch, false))
     }

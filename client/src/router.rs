@@ -9,10 +9,10 @@
 //!   round-robin;
 //! - `NotLeader` switches to the named leader at once (or to the next replica);
 //!   `Unavailable` and transport failures move to the next replica after a short backoff;
-//!   `Retry` backs off (5 ms doubling to 200 ms) and asks again; `WrongPartition` refreshes
-//!   the cluster map once and asks again;
-//! - `StaleEpoch`, `ClassChanged`, POSIX and `Invalid` answers return to the caller at once: the router does
-//!   not know how to re-resolve a path;
+//!   `Retry` backs off and asks again (pauses of [`Backoff::rpc`]); `WrongPartition`
+//!   refreshes the cluster map once and asks again;
+//! - `StaleEpoch`, `ClassChanged`, POSIX and `Invalid` answers return to the caller at once:
+//!   the router does not know how to re-resolve a path (the client's `settle` wrapper does);
 //! - everything is bounded by the operation deadline (`ClientOptions::op_timeout`), after
 //!   which the last error is returned.
 //!
@@ -32,16 +32,12 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use talon_model::TalonError;
+use std::time::Instant;
+use talon_model::{Backoff, TalonError};
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
-use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
-/// First pause after a `Retry` or an unreachable replica.
-const BACKOFF_START: Duration = Duration::from_millis(5);
-/// Longest pause between two attempts.
-const BACKOFF_CAP: Duration = Duration::from_millis(200);
 /// Redirects followed in a row before the router starts pausing between them (two nodes
 /// that each name the other as leader during an election must not spin).
 const FREE_REDIRECTS: u32 = 3;
@@ -159,7 +155,7 @@ impl Router {
         let deadline = Instant::now() + opts.op_timeout;
         // A freshly started cluster may not have elected partition 0's leader yet, and the
         // map lives there: keep asking the seeds until the deadline.
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::rpc();
         loop {
             for s in &seeds {
                 let ch = Self::channel_in(&channels, s, opts);
@@ -179,14 +175,13 @@ impl Router {
                     Err(e) => last = e,
                 }
             }
-            if Instant::now() + backoff > deadline {
+            let Some(pause) = backoff.pause_before(deadline) else {
                 return Err(ClientError::Unreachable {
                     seeds: seeds.join(","),
                     last,
                 });
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_CAP);
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -344,7 +339,7 @@ impl Router {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let deadline = Instant::now() + self.opts.op_timeout;
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::rpc();
         let mut refreshed = false;
         let mut redirects = 0u32;
         // The node to try next, when a previous answer named one.
@@ -394,7 +389,7 @@ impl Router {
                 }
                 Err(status) => TalonError::from(status),
             };
-            let pause = match &err {
+            let wait = match &err {
                 TalonError::NotLeader {
                     leader_id,
                     leader_addr,
@@ -411,17 +406,13 @@ impl Router {
                             state.set_leader(partition, l);
                             next = Some(l);
                             redirects += 1;
-                            if redirects > FREE_REDIRECTS {
-                                Some(backoff)
-                            } else {
-                                None
-                            }
+                            redirects > FREE_REDIRECTS
                         }
                         None => {
                             // An election is under way: try the next replica shortly.
                             state.set_leader(partition, 0);
                             turn = replicas.iter().position(|r| *r == node_id).unwrap_or(turn) + 1;
-                            Some(backoff)
+                            true
                         }
                     }
                 }
@@ -430,29 +421,28 @@ impl Router {
                         state.set_leader(partition, 0);
                     }
                     turn = replicas.iter().position(|r| *r == node_id).unwrap_or(turn) + 1;
-                    Some(backoff)
+                    true
                 }
                 TalonError::Retry(_) => {
                     next = Some(node_id);
-                    Some(backoff)
+                    true
                 }
                 TalonError::WrongPartition(_) if !refreshed => {
                     refreshed = true;
                     if let Err(e) = self.refresh_map().await {
                         tracing::debug!(partition, error = %e, "cluster map refresh failed");
                     }
-                    None
+                    false
                 }
                 _ => return Err(err),
             };
             tracing::trace!(partition, node = node_id, error = %err, "retrying");
             last = err;
-            if let Some(p) = pause {
-                if Instant::now() + p >= deadline {
+            if wait {
+                let Some(p) = backoff.pause_before(deadline) else {
                     return Err(last);
-                }
+                };
                 tokio::time::sleep(p).await;
-                backoff = (backoff * 2).min(BACKOFF_CAP);
             } else if Instant::now() >= deadline {
                 return Err(last);
             }

@@ -1,96 +1,11 @@
 //! Argument and result types of the client API. They are domain types: the client converts
 //! them to and from the wire messages of `talon-proto` at the RPC edge.
 
-use talon_model::{Attr, Class, FileKind, Ino, TalonError, Time};
-use talon_proto::v1 as pb;
+use talon_model::{Attr, Class, FileKind, Ino, TalonError};
 
-/// What to create with [`Client::create`](crate::Client::create).
-#[derive(Clone, Debug)]
-pub struct CreateSpec {
-    /// The kind of inode.
-    pub kind: FileKind,
-    /// Permission bits (07777).
-    pub perm: u32,
-    /// Device number, for character and block devices.
-    pub rdev: u64,
-    /// Target, for symlinks.
-    pub symlink_target: Vec<u8>,
-    /// Class of a new directory; `None` inherits the parent's.
-    pub class: Option<Class>,
-    /// When false, creating a regular file that exists returns it (open without O_EXCL).
-    pub exclusive: bool,
-    /// Owner and group of the new inode; `None` takes the client's `uid` and `gid` options.
-    /// The FUSE mount passes the calling process's ids here.
-    pub owner: Option<(u32, u32)>,
-}
+pub use talon_model::CreateSpec;
 
-impl CreateSpec {
-    /// A regular file with mode `perm`, failing with EEXIST if the name exists.
-    pub fn file(perm: u32) -> CreateSpec {
-        CreateSpec {
-            kind: FileKind::Regular,
-            perm,
-            rdev: 0,
-            symlink_target: Vec::new(),
-            class: None,
-            exclusive: true,
-            owner: None,
-        }
-    }
-
-    /// A directory with mode `perm` of class `class` (`None` inherits).
-    pub fn dir(perm: u32, class: Option<Class>) -> CreateSpec {
-        CreateSpec {
-            kind: FileKind::Directory,
-            class,
-            ..CreateSpec::file(perm)
-        }
-    }
-
-    /// A symlink pointing at `target`.
-    pub fn symlink(target: impl Into<Vec<u8>>) -> CreateSpec {
-        CreateSpec {
-            kind: FileKind::Symlink,
-            symlink_target: target.into(),
-            ..CreateSpec::file(0o777)
-        }
-    }
-
-    /// A special file (fifo, socket, device).
-    pub fn node(kind: FileKind, perm: u32, rdev: u64) -> CreateSpec {
-        CreateSpec {
-            kind,
-            rdev,
-            ..CreateSpec::file(perm)
-        }
-    }
-}
-
-/// How to set a time in [`SetAttr`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimeSet {
-    /// This exact time.
-    At(Time),
-    /// The server's clock.
-    Now,
-}
-
-/// Which attributes [`Client::setattr`](crate::Client::setattr) changes; `None` keeps one.
-#[derive(Clone, Debug, Default)]
-pub struct SetAttr {
-    /// New permission bits.
-    pub perm: Option<u32>,
-    /// New owner.
-    pub uid: Option<u32>,
-    /// New group.
-    pub gid: Option<u32>,
-    /// New size (truncate or extend).
-    pub size: Option<u64>,
-    /// New access time.
-    pub atime: Option<TimeSet>,
-    /// New modification time.
-    pub mtime: Option<TimeSet>,
-}
+pub use talon_model::{SetAttr, TimeSet};
 
 pub use talon_model::flags::{RenameFlags, XattrFlags};
 
@@ -125,18 +40,6 @@ pub struct DirEntry {
     pub kind: FileKind,
     /// Its attributes, when the listing asked for them (`plus`).
     pub attr: Option<Attr>,
-}
-
-impl TryFrom<pb::DirEntry> for DirEntry {
-    type Error = TalonError;
-    fn try_from(e: pb::DirEntry) -> Result<Self, TalonError> {
-        Ok(DirEntry {
-            kind: FileKind::try_from(e.kind)?,
-            ino: Ino(e.ino),
-            attr: e.attr.map(Attr::try_from).transpose()?,
-            name: e.name,
-        })
-    }
 }
 
 /// Options of [`Client::mkdir`](crate::Client::mkdir).
@@ -208,20 +111,4 @@ pub struct NodeSpace {
     pub total: u64,
     /// Bytes that may still be written before it counts as full.
     pub usable: u64,
-}
-
-impl From<pb::PartitionStatus> for PartitionStatus {
-    fn from(p: pb::PartitionStatus) -> Self {
-        PartitionStatus {
-            id: p.id,
-            role: p.role,
-            leader: p.leader,
-            term: p.term,
-            last_log_index: p.last_log_index,
-            applied_index: p.applied_index,
-            snapshot_index: p.snapshot_index,
-            entries: p.entries,
-            inodes: p.inodes,
-        }
-    }
 }

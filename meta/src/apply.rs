@@ -26,7 +26,7 @@ use crate::types::{
 };
 use crate::view::{Overlay, View};
 use rocksdb::DB;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, Time, XattrFlags};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
 pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
@@ -465,7 +465,7 @@ impl Applier {
                             attr: attr.clone(),
                             symlink: symlink.clone(),
                             creator: *creator,
-                            layout: None,
+                            layout: Layout::Small,
                         }),
                     );
                     v.add_counter(meta::INODES, 1)?;
@@ -601,7 +601,7 @@ impl Applier {
                     rec.attr.generation += 1;
                     rec.attr.mtime = *now;
                     rec.attr.ctime = *now;
-                    rec.layout = None;
+                    rec.layout = Layout::Small;
                     v.put(keys::body(*ino), enc(&BodyRec::new(data.clone())));
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
@@ -627,7 +627,8 @@ impl Applier {
                 Op::CommitLayout {
                     ino,
                     size,
-                    layout,
+                    chunk_size,
+                    chunks,
                     now,
                     ..
                 } => {
@@ -639,7 +640,10 @@ impl Applier {
                     rec.attr.generation += 1;
                     rec.attr.mtime = *now;
                     rec.attr.ctime = *now;
-                    rec.layout = Some(layout.clone());
+                    rec.layout = Layout::Chunked {
+                        chunk_size: *chunk_size,
+                        chunks: chunks.clone(),
+                    };
                     v.del(keys::body(*ino));
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
@@ -702,7 +706,7 @@ impl Applier {
         }
         v.add_counter(meta::BYTES, size as i64 - rec.attr.size as i64)?;
         match &mut rec.layout {
-            None => {
+            Layout::Small => {
                 let key = keys::body(ino);
                 if let Some(b) = v.get(&key)? {
                     let body: BodyRec = dec(&b, "body")?;
@@ -713,15 +717,7 @@ impl Applier {
                     }
                 }
             }
-            Some(layout) => {
-                let cs = layout.chunk_size.max(1) as u64;
-                let keep = size.div_ceil(cs) as usize;
-                layout.chunks.truncate(keep);
-                if let Some(last) = layout.chunks.last_mut() {
-                    let valid = size - (keep as u64 - 1) * cs;
-                    last.len = last.len.min(valid as u32);
-                }
-            }
+            layout => layout.truncate(size),
         }
         Ok(())
     }
@@ -813,7 +809,7 @@ pub fn fresh_attr(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Layout, TxId};
+    use crate::types::TxId;
 
     fn record(id: u64) -> Op {
         Op::RecordRequest {
@@ -1345,10 +1341,8 @@ mod tests {
                     vec![Op::CommitLayout {
                         ino: fx.d,
                         size: 0,
-                        layout: Layout {
-                            chunk_size: 4096,
-                            chunks: Vec::new(),
-                        },
+                        chunk_size: 4096,
+                        chunks: Vec::new(),
                         expect_generation: 0,
                         now: NOW,
                     }]

@@ -22,12 +22,12 @@ use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::reads::{read_stored, OpenFile};
 use crate::records::{dec, storage_error, ChunkRec};
-use crate::types::{Command, CommandResult, Layout, Op};
+use crate::types::{Command, CommandResult, Op};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use talon_model::placement::chunk_partition;
-use talon_model::{Attr, Errno, Ino, TalonError, Time};
+use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError, Time};
 use tokio_util::sync::CancellationToken;
 
 /// Chunks examined per partition per garbage-collection round.
@@ -245,26 +245,14 @@ impl Node {
     ) -> Result<Attr, TalonError> {
         let part = self.home_part(p, ino)?;
         let cs = self.chunk_size();
-        if layout.chunk_size != cs {
+        layout.check(size)?;
+        let Layout::Chunked { chunk_size, chunks } = layout else {
+            return Err(TalonError::Invalid("a small layout to commit".into()));
+        };
+        if chunk_size != cs {
             return Err(TalonError::Invalid(format!(
-                "chunk_size {} differs from the cluster's {cs}",
-                layout.chunk_size
+                "chunk_size {chunk_size} differs from the cluster's {cs}"
             )));
-        }
-        if layout.chunks.len() as u64 > size.div_ceil(cs as u64) {
-            return Err(TalonError::Invalid(format!(
-                "{} chunks for a file of {size} bytes",
-                layout.chunks.len()
-            )));
-        }
-        if layout
-            .chunks
-            .iter()
-            .any(|c| c.len > cs || (c.write_id == 0 && c.len != 0))
-        {
-            return Err(TalonError::Invalid(
-                "chunk length over chunk_size, or a hole with a length".into(),
-            ));
         }
         if size > 1 << 50 {
             return Err(posix(Errno::EFBIG, "file larger than 1 PiB"));
@@ -274,7 +262,8 @@ impl Node {
             Op::CommitLayout {
                 ino,
                 size,
-                layout,
+                chunk_size,
+                chunks,
                 expect_generation,
                 now: Time::now(),
             },
@@ -319,8 +308,8 @@ impl Node {
                     let state = match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await {
                         Ok(PeerReply::Inode(None)) => Holder::Gone,
                         Ok(PeerReply::Inode(Some(rec))) => match rec.layout {
-                            Some(l) => Holder::Chunked(l),
-                            None => Holder::Gone,
+                            Layout::Chunked { chunks, .. } => Holder::Chunked(chunks),
+                            Layout::Small => Holder::Gone,
                         },
                         // Unknown: keep the chunk this round.
                         _ => Holder::Unknown,
@@ -328,8 +317,7 @@ impl Node {
                     states.insert(ino, state);
                 }
                 let live = match states.get(&ino) {
-                    Some(Holder::Chunked(l)) => l
-                        .chunks
+                    Some(Holder::Chunked(chunks)) => chunks
                         .get(index as usize)
                         .is_some_and(|c| c.write_id == write_id),
                     Some(Holder::Gone) => false,
@@ -451,7 +439,7 @@ enum Holder {
     /// The inode is gone, or no longer chunked: none of its chunks are live.
     Gone,
     /// Chunks named by this layout are live.
-    Chunked(Layout),
+    Chunked(Vec<ChunkRef>),
 }
 
 fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {

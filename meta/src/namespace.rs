@@ -28,16 +28,17 @@ use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
 use crate::types::{CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use talon_model::name::{validate_name, validate_symlink_target};
 use talon_model::placement::{dir_partitions, entry_partition};
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+use talon_model::{
+    check_name, Attr, Backoff, Class, CreateSpec, Errno, FileKind, Ino, TalonError, Time,
+};
 
 /// Plans retried when a concurrent change refused them.
 const PLAN_RETRIES: usize = 8;
 
 /// Runs `attempt` until it settles: a plan refused because the state moved under it
-/// (`Retry`) is planned again after a pause of 5 ms plus up to `jitter_ms`, at most
-/// `PLAN_RETRIES` times; then the last refusal is returned.
+/// (`Retry`) is planned again after a [`Backoff::replan`] pause (5 ms plus up to
+/// `jitter_ms`), at most `PLAN_RETRIES` times; then the last refusal is returned.
 pub(crate) async fn replan<T, F, Fut>(
     what: &str,
     jitter_ms: u64,
@@ -48,12 +49,12 @@ where
     Fut: std::future::Future<Output = Result<T, TalonError>>,
 {
     let mut last = TalonError::Retry(format!("{what} did not settle"));
+    let mut backoff = Backoff::replan(jitter_ms);
     for _ in 0..PLAN_RETRIES {
         match attempt().await {
             Err(e @ TalonError::Retry(_)) => {
                 last = e;
-                let pause = 5 + rand::random::<u64>() % jitter_ms;
-                tokio::time::sleep(Duration::from_millis(pause)).await;
+                tokio::time::sleep(backoff.pause()).await;
             }
             other => return other,
         }
@@ -81,15 +82,6 @@ pub(crate) fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
 
-pub(crate) fn check_name(name: &[u8]) -> Result<(), TalonError> {
-    validate_name(name).map_err(|e| {
-        posix(
-            e,
-            format!("invalid name {:?}", String::from_utf8_lossy(name)),
-        )
-    })
-}
-
 /// An inode's link count change (and, for a moved directory, its new parent), with ctime.
 pub(crate) fn relink(ino: Ino, nlink: i32, parent: Option<Ino>, now: Time) -> Op {
     Op::AdjustInode {
@@ -107,29 +99,6 @@ pub(crate) fn outcome_attr(out: &BTreeMap<u32, crate::types::Outcome>, ino: Ino)
 
 pub(crate) fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
     out.values().map(|o| o.epoch).max().unwrap_or(0)
-}
-
-/// What a create asks for.
-#[derive(Clone, Debug)]
-pub struct CreateSpec {
-    /// Kind of the new inode.
-    pub kind: FileKind,
-    /// Permission bits.
-    pub perm: u32,
-    /// Owner.
-    pub uid: u32,
-    /// Group.
-    pub gid: u32,
-    /// Device number.
-    pub rdev: u64,
-    /// Symlink target.
-    pub symlink: Vec<u8>,
-    /// Class of a new directory (None: inherit).
-    pub class: Option<Class>,
-    /// EEXIST if the name exists (otherwise an existing regular file is returned).
-    pub exclusive: bool,
-    /// Retry token of the request (0: none).
-    pub request_id: u64,
 }
 
 impl Node {
@@ -317,12 +286,9 @@ impl Node {
         parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
+        request_id: u64,
     ) -> Result<Vec<Op>, TalonError> {
-        check_name(name)?;
-        if spec.kind == FileKind::Symlink {
-            validate_symlink_target(&spec.symlink)
-                .map_err(|e| posix(e, "invalid symlink target"))?;
-        }
+        spec.check(name)?;
         let (pclass, learn) = self.entry_class(part, parent, name).await?;
         let class = match spec.kind {
             FileKind::Directory => spec.class.unwrap_or(pclass),
@@ -330,12 +296,14 @@ impl Node {
         };
         let now = Time::now();
         let size = if spec.kind == FileKind::Symlink {
-            spec.symlink.len() as u64
+            spec.symlink_target.len() as u64
         } else {
             0
         };
+        // A spec decoded from a request always names its owner.
+        let (uid, gid) = spec.owner.unwrap_or_default();
         let attr = fresh_attr(
-            spec.kind, spec.perm, spec.uid, spec.gid, spec.rdev, size, class, parent, now,
+            spec.kind, spec.perm, uid, gid, spec.rdev, size, class, parent, now,
         );
         let mut ops = vec![
             Op::ExpectEpoch(epoch),
@@ -351,8 +319,8 @@ impl Node {
             },
             Op::NewInode {
                 attr: Box::new(attr),
-                symlink: spec.symlink.clone(),
-                creator: spec.request_id,
+                symlink: spec.symlink_target.clone(),
+                creator: request_id,
             },
             Op::PutDentry {
                 parent,
@@ -372,7 +340,8 @@ impl Node {
         Ok(ops)
     }
 
-    /// Creates a file, directory, symlink or special file.
+    /// Creates a file, directory, symlink or special file; `request_id` is the client's
+    /// retry token for it (0: none).
     pub async fn create(
         &self,
         p: u32,
@@ -380,15 +349,19 @@ impl Node {
         parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
+        request_id: u64,
     ) -> Result<(Attr, u64), TalonError> {
         let part = self.local(p)?;
-        let ops = self.plan_create(part, epoch, parent, name, spec).await?;
+        let ops = self
+            .plan_create(part, epoch, parent, name, spec, request_id)
+            .await?;
         let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-        self.finish_create(part, epoch, parent, name, spec, res)
+        self.finish_create(part, epoch, parent, name, spec, request_id, res)
             .await
     }
 
     /// Answers a create in `parent` from its proposal's result.
+    #[allow(clippy::too_many_arguments)]
     async fn finish_create(
         &self,
         part: &Partition,
@@ -396,6 +369,7 @@ impl Node {
         parent: Ino,
         name: &[u8],
         spec: &CreateSpec,
+        request_id: u64,
         res: CommandResult,
     ) -> Result<(Attr, u64), TalonError> {
         match res {
@@ -416,13 +390,13 @@ impl Node {
             CommandResult::Failed(crate::types::ApplyError::Posix(errno, msg))
                 if Errno(errno) == Errno::EEXIST =>
             {
-                let own_retry = spec.request_id != 0;
+                let own_retry = request_id != 0;
                 let open_existing = !spec.exclusive && spec.kind == FileKind::Regular;
                 if !own_retry && !open_existing {
                     return Err(posix(Errno::EEXIST, msg));
                 }
                 let (attr, e) = self.lookup(part.id, false, epoch, parent, name).await?;
-                if own_retry && self.created_by(part, attr.ino, spec.request_id).await? {
+                if own_retry && self.created_by(part, attr.ino, request_id).await? {
                     return Ok((attr, e));
                 }
                 match attr.kind {
@@ -450,22 +424,27 @@ impl Node {
         Ok(rec.is_some_and(|r| r.creator == token))
     }
 
-    /// Many creates for one partition: planned separately, proposed concurrently so the
-    /// proposer merges them into one Raft entry. Results in input order.
+    /// Many creates for one partition, each `(parent, name, spec, request_id)`: planned
+    /// separately, proposed concurrently so the proposer merges them into one Raft entry.
+    /// Results in input order.
     pub async fn create_batch(
         &self,
         p: u32,
         epoch: u64,
-        items: Vec<(Ino, Vec<u8>, CreateSpec)>,
+        items: Vec<(Ino, Vec<u8>, CreateSpec, u64)>,
     ) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
         let part = self.local(p)?;
-        let futs = items.into_iter().map(|(parent, name, spec)| async move {
-            let ops = self.plan_create(part, epoch, parent, &name, &spec).await?;
-            let res = part.propose(crate::types::Command::Atomic(ops)).await?;
-            self.finish_create(part, epoch, parent, &name, &spec, res)
-                .await
-                .map(|(a, _)| a)
-        });
+        let futs = items
+            .into_iter()
+            .map(|(parent, name, spec, id)| async move {
+                let ops = self
+                    .plan_create(part, epoch, parent, &name, &spec, id)
+                    .await?;
+                let res = part.propose(crate::types::Command::Atomic(ops)).await?;
+                self.finish_create(part, epoch, parent, &name, &spec, id, res)
+                    .await
+                    .map(|(a, _)| a)
+            });
         Ok(futures::future::join_all(futs).await)
     }
 

@@ -22,7 +22,7 @@ use openraft::BasicNode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use talon_model::{Ino, TalonError, Time};
+use talon_model::{Backoff, Ino, TalonError, Time};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -349,7 +349,7 @@ impl Node {
         let replicas = self.config.replicas(p);
         let deadline = Instant::now() + PEER_DEADLINE;
         let mut attempt = 0usize;
-        let mut backoff = Duration::from_millis(5);
+        let mut backoff = Backoff::rpc();
         let mut last_err = TalonError::Unavailable(format!("no leader for partition {p}"));
         while Instant::now() < deadline && !self.cancel.is_cancelled() {
             let target = self.hint(p).unwrap_or(replicas[attempt % replicas.len()]);
@@ -389,8 +389,7 @@ impl Node {
                 }
                 Err(e) => return Err(e),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(200));
+            tokio::time::sleep(backoff.pause()).await;
         }
         Err(last_err)
     }

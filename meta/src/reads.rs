@@ -8,8 +8,7 @@
 use crate::keys;
 use crate::records::{dec, storage_error, BodyRec, InodeRec};
 use crate::sm::SmStore;
-use crate::types::Layout;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, TalonError};
 
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
@@ -20,8 +19,8 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
 pub struct OpenFile {
     /// Attributes.
     pub attr: Attr,
-    /// Layout of a chunked file.
-    pub layout: Option<Layout>,
+    /// Where the file's bytes are.
+    pub layout: Layout,
     /// Body of a small file, when asked for.
     #[serde(with = "serde_bytes")]
     pub body: Option<Vec<u8>>,
@@ -39,14 +38,15 @@ pub fn read_stored(
             let Some(rec) = v.inode(ino)? else {
                 return Ok(None);
             };
-            let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout.is_none() {
-                match v.get_self_checked(&keys::body(ino))? {
-                    Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
-                    None => Some(None),
-                }
-            } else {
-                None
-            };
+            let body =
+                if want_body && rec.attr.kind == FileKind::Regular && rec.layout == Layout::Small {
+                    match v.get_self_checked(&keys::body(ino))? {
+                        Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
+                        None => Some(None),
+                    }
+                } else {
+                    None
+                };
             Ok(Some((rec, body)))
         })
         .map_err(storage_error)?;

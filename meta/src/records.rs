@@ -4,9 +4,9 @@
 //!
 //! It only describes records: reading them is `view.rs`, changing them `apply.rs`.
 
-use crate::types::{Layout, Op};
+use crate::types::Op;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use talon_model::{Attr, FileKind, Ino};
+use talon_model::{Attr, FileKind, Ino, Layout};
 
 /// A directory entry's value.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,8 +27,9 @@ pub struct InodeRec {
     /// Retry token of the request that created it (0: none), so a retried create can
     /// recognise its own earlier success.
     pub creator: u64,
-    /// A chunked file's layout; `None` for a small file (its body is a `BodyRec`).
-    pub layout: Option<Layout>,
+    /// Where the file's bytes are: a small file's body is a `BodyRec`; a chunked file's
+    /// chunks are `ChunkRec`s.
+    pub layout: Layout,
 }
 
 /// A small file's body in the packed store, with its checksum.
@@ -164,4 +165,93 @@ pub fn enc<T: Serialize>(v: &T) -> Vec<u8> {
 /// Decodes a stored value.
 pub fn dec<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T, Fatal> {
     crate::format::decode(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::fresh_attr;
+    use talon_model::{ChunkRef, Class, Time};
+
+    /// The chunked layout as stored before `Layout` moved to the model: a struct that the
+    /// inode record held in an `Option`.
+    #[derive(Serialize)]
+    struct OldLayout {
+        chunk_size: u32,
+        chunks: Vec<ChunkRef>,
+    }
+
+    fn chunks() -> Vec<ChunkRef> {
+        vec![
+            ChunkRef {
+                write_id: 7,
+                len: 4096,
+            },
+            ChunkRef {
+                write_id: 0,
+                len: 0,
+            },
+        ]
+    }
+
+    /// Moving `Layout` into the model kept the stored bytes: inode records and
+    /// `CommitLayout` ops written before read the same after, within one format version.
+    #[test]
+    fn layout_encoding_is_unchanged() {
+        let attr = fresh_attr(
+            FileKind::Regular,
+            0o644,
+            1,
+            2,
+            0,
+            5000,
+            Class::Relaxed,
+            Ino(1),
+            Time { secs: 1, nanos: 0 },
+        );
+        for (layout, old) in [
+            (Layout::Small, None),
+            (
+                Layout::Chunked {
+                    chunk_size: 4096,
+                    chunks: chunks(),
+                },
+                Some(OldLayout {
+                    chunk_size: 4096,
+                    chunks: chunks(),
+                }),
+            ),
+        ] {
+            let rec = InodeRec {
+                attr: attr.clone(),
+                symlink: Vec::new(),
+                creator: 9,
+                layout,
+            };
+            let before = enc(&(&attr, Vec::<u8>::new(), 9u64, old));
+            assert_eq!(enc(&rec), before);
+            assert_eq!(dec::<InodeRec>(&before, "inode").expect("decodes"), rec);
+        }
+        let now = Time { secs: 2, nanos: 5 };
+        let op = enc(&Op::CommitLayout {
+            ino: Ino(3),
+            size: 4097,
+            chunk_size: 4096,
+            chunks: chunks(),
+            expect_generation: 5,
+            now,
+        });
+        // An enum variant is its index (one varint byte here) and then its fields in order.
+        let old_fields = enc(&(
+            Ino(3),
+            4097u64,
+            OldLayout {
+                chunk_size: 4096,
+                chunks: chunks(),
+            },
+            5u64,
+            now,
+        ));
+        assert_eq!(op[1..], old_fields[..]);
+    }
 }

@@ -5,14 +5,14 @@
 //! Built on the namespace operations' guards and planning (`namespace.rs`); nothing there
 //! reaches here.
 
-use crate::namespace::{check_name, outcome_epoch, posix, record_request, relink, replan};
+use crate::namespace::{outcome_epoch, posix, record_request, relink, replan};
 use crate::node::Node;
 use crate::partition::Partition;
 use crate::records::storage_error;
 use crate::types::{Expect, Op, Target};
 use std::collections::BTreeMap;
 use talon_model::placement::entry_partition;
-use talon_model::{Errno, FileKind, Ino, RenameFlags, TalonError, Time, ROOT_INO};
+use talon_model::{check_name, Errno, FileKind, Ino, RenameFlags, TalonError, Time, ROOT_INO};
 
 /// Deepest directory chain walked when checking a rename for loops.
 const MAX_DEPTH: usize = 4096;

@@ -6,14 +6,13 @@
 //! partition ids, symlink and xattr sizes, and message sizes (tonic's decoding limit), so
 //! a malformed request gets an error and never reaches a Raft log.
 
-use crate::namespace::CreateSpec;
 use crate::node::{Node, PeerRequest};
-use crate::types::{AttrChange, ChunkRef, Layout, NodeId, TypeConfig};
+use crate::types::{AttrChange, NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
 use std::sync::Arc;
 use talon_model::attr::class_from_wire;
-use talon_model::{Attr, FileKind, Ino, TalonError, Time};
+use talon_model::{Attr, ChunkRef, CreateSpec, Ino, Layout, SetAttr, TalonError, Time};
 use talon_proto::raft::raft_server::{Raft as RaftSvc, RaftServer};
 use talon_proto::raft::{RaftReply, RaftRequest};
 use talon_proto::v1 as pb;
@@ -66,36 +65,6 @@ fn header(h: Option<pb::RequestHeader>) -> pb::RequestHeader {
 
 fn attr_reply(a: &Attr) -> Option<pb::Attr> {
     Some(pb::Attr::from(a))
-}
-
-fn ts(t: Option<pb::Timestamp>) -> Result<Option<Time>, TalonError> {
-    t.map(Time::try_from).transpose()
-}
-
-fn create_spec(r: &pb::CreateRequest) -> Result<CreateSpec, TalonError> {
-    let kind = FileKind::try_from(r.kind)?;
-    if kind != FileKind::Symlink && !r.symlink_target.is_empty() {
-        return Err(TalonError::Invalid(
-            "symlink_target on a non-symlink".into(),
-        ));
-    }
-    let class = class_from_wire(r.class)?;
-    if class.is_some() && kind != FileKind::Directory {
-        return Err(TalonError::Invalid(
-            "class given for a non-directory".into(),
-        ));
-    }
-    Ok(CreateSpec {
-        kind,
-        perm: r.perm & 0o7777,
-        uid: r.uid,
-        gid: r.gid,
-        rdev: r.rdev,
-        symlink: r.symlink_target.clone(),
-        class,
-        exclusive: r.exclusive,
-        request_id: r.request_id,
-    })
 }
 
 impl Api {
@@ -235,15 +204,7 @@ impl Namespace for Api {
     async fn set_attr(&self, r: Request<pb::SetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let now = Time::now();
-        let change = AttrChange {
-            perm: r.perm,
-            uid: r.uid,
-            gid: r.gid,
-            size: r.size,
-            atime: if r.atime_now { Some(now) } else { ts(r.atime)? },
-            mtime: if r.mtime_now { Some(now) } else { ts(r.mtime)? },
-        };
+        let change = AttrChange::resolve(&SetAttr::try_from(&r)?, Time::now());
         let attr = self
             .node
             .setattr(h.partition, h.epoch, Ino(r.ino), change)
@@ -257,10 +218,17 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, 0)?;
-        let spec = create_spec(&r)?;
+        let spec = CreateSpec::try_from(&r)?;
         let (attr, epoch) = self
             .node
-            .create(h.partition, h.epoch, Ino(r.parent), &r.name, &spec)
+            .create(
+                h.partition,
+                h.epoch,
+                Ino(r.parent),
+                &r.name,
+                &spec,
+                r.request_id,
+            )
             .await?;
         Ok(Response::new(pb::EntryReply {
             attr: attr_reply(&attr),
@@ -519,16 +487,9 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, 0)?;
-        let layout = Layout {
+        let layout = Layout::Chunked {
             chunk_size: r.chunk_size,
-            chunks: r
-                .chunks
-                .iter()
-                .map(|c| ChunkRef {
-                    write_id: c.write_id,
-                    len: c.len,
-                })
-                .collect(),
+            chunks: r.chunks.iter().map(ChunkRef::from).collect(),
         };
         let attr = self
             .node
@@ -575,9 +536,9 @@ impl Namespace for Api {
         let mut reads = Vec::new();
         for (i, op) in r.ops.into_iter().enumerate() {
             match op.op {
-                Some(pb::batch_op::Op::Create(c)) => match create_spec(&c) {
+                Some(pb::batch_op::Op::Create(c)) => match CreateSpec::try_from(&c) {
                     Ok(spec) => {
-                        creates.push((Ino(c.parent), c.name, spec));
+                        creates.push((Ino(c.parent), c.name, spec, c.request_id));
                         create_idx.push(i);
                     }
                     Err(e) => results[i] = Some(Err(e)),
@@ -631,28 +592,10 @@ impl Namespace for Api {
 fn open_reply(f: crate::reads::OpenFile, epoch: u64) -> pb::OpenReply {
     pb::OpenReply {
         attr: attr_reply(&f.attr),
-        layout: Some(match &f.layout {
-            Some(l) => layout_to_wire(l),
-            None => pb::Layout::default(),
-        }),
+        layout: Some(f.layout.to_wire()),
         has_body: f.body.is_some(),
         body: f.body.unwrap_or_default(),
         epoch,
-    }
-}
-
-fn layout_to_wire(l: &Layout) -> pb::Layout {
-    pb::Layout {
-        chunked: true,
-        chunk_size: l.chunk_size,
-        chunks: l
-            .chunks
-            .iter()
-            .map(|c| pb::ChunkRef {
-                write_id: c.write_id,
-                len: c.len,
-            })
-            .collect(),
     }
 }
 

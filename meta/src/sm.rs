@@ -29,7 +29,7 @@ use rocksdb::{Options, WriteBatch, DB};
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use talon_model::{attr::Attr, Class, FileKind, Ino, Time, ROOT_INO};
+use talon_model::{attr::Attr, Class, FileKind, Ino, Layout, Time, ROOT_INO};
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
@@ -126,7 +126,7 @@ fn seed_root(db: &DB, now: Time, cluster_map: &[u8]) -> Result<(), Fatal> {
             attr,
             symlink: Vec::new(),
             creator: 0,
-            layout: None,
+            layout: Layout::Small,
         }),
     );
     b.put(meta::INODES, 1u64.to_le_bytes());

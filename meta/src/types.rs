@@ -8,7 +8,7 @@
 //! every replica reaches the same state.
 
 use serde::{Deserialize, Serialize};
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
+use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, SetAttr, TalonError, Time};
 
 openraft::declare_raft_types!(
     /// Talon's openraft type configuration: node ids are u64, nodes carry their address.
@@ -68,7 +68,8 @@ pub enum Target {
     New(u8),
 }
 
-/// Attribute changes of a setattr.
+/// Attribute changes of a setattr as its op records them: every time fixed by the proposer
+/// (the request, with its "now" times, is `talon_model::SetAttr`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttrChange {
     /// New permission bits.
@@ -85,22 +86,19 @@ pub struct AttrChange {
     pub mtime: Option<Time>,
 }
 
-/// One chunk of a chunked file's layout.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChunkRef {
-    /// The write session that stored the chunk; 0 is a hole.
-    pub write_id: u64,
-    /// Valid bytes in the chunk; bytes past it read as zeros.
-    pub len: u32,
-}
-
-/// Where a chunked file's contents are (a small file has no layout: its body is one record).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Layout {
-    /// Chunk size.
-    pub chunk_size: u32,
-    /// Chunk i of the file.
-    pub chunks: Vec<ChunkRef>,
+impl AttrChange {
+    /// The change a client's setattr asks for, its "now" times read from the clock of the
+    /// node that proposes it (`now`), so every replica applies the same times.
+    pub fn resolve(set: &SetAttr, now: Time) -> AttrChange {
+        AttrChange {
+            perm: set.perm,
+            uid: set.uid,
+            gid: set.gid,
+            size: set.size,
+            atime: set.atime.map(|t| t.at(now)),
+            mtime: set.mtime.map(|t| t.at(now)),
+        }
+    }
 }
 
 /// One primitive step of a namespace change on one partition. Preconditions (`Expect*`)
@@ -257,8 +255,11 @@ pub enum Op {
         ino: Ino,
         /// New size.
         size: u64,
-        /// New layout.
-        layout: Layout,
+        /// Bytes per chunk of the new chunked layout.
+        chunk_size: u32,
+        /// Its chunks (the fields of `Layout::Chunked`, kept flat so the op's stored
+        /// encoding did not change when the layout type moved to the model).
+        chunks: Vec<ChunkRef>,
         /// Refuse unless the inode is at this generation (0: any).
         expect_generation: u64,
         /// mtime/ctime to set.

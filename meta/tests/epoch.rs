@@ -6,9 +6,8 @@ mod common;
 use common::TestCluster;
 use std::time::{Duration, Instant};
 use talon_client::CreateSpec;
-use talon_meta::namespace::CreateSpec as ServerSpec;
 use talon_model::placement::entry_partition;
-use talon_model::{Attr, Class, FileKind, Ino, TalonError};
+use talon_model::{Attr, Class, Ino, TalonError};
 
 async fn epochs(cluster: &TestCluster) -> Vec<u64> {
     let mut out = Vec::new();
@@ -29,13 +28,13 @@ async fn create_on_leader(
     epoch: u64,
     parent: Ino,
     name: &[u8],
-    spec: &ServerSpec,
+    spec: &CreateSpec,
 ) -> Result<(Attr, u64), TalonError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let leader = common::settled_leader(cluster, p).await;
         let node = &cluster.node(leader).expect("node").node;
-        match node.create(p, epoch, parent, name, spec).await {
+        match node.create(p, epoch, parent, name, spec, 0).await {
             Err(TalonError::NotLeader { .. }) if Instant::now() < deadline => continue,
             r => return r,
         }
@@ -73,16 +72,9 @@ async fn directory_renames_bump_every_partition_and_stale_writes_are_refused() {
     // A create stamped with epoch 1 is refused now, wherever it lands.
     let name = b"late".to_vec();
     let p = entry_partition(root, &name, Class::Relaxed, 8);
-    let spec = ServerSpec {
-        kind: FileKind::Regular,
-        perm: 0o644,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        symlink: Vec::new(),
-        class: None,
-        exclusive: true,
-        request_id: 0,
+    let spec = CreateSpec {
+        owner: Some((0, 0)),
+        ..CreateSpec::file(0o644)
     };
     let e = create_on_leader(&cluster, p, 1, root, &name, &spec)
         .await

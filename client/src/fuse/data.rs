@@ -1,5 +1,6 @@
-//! The mount's bridge to the client's file data API: one `DataHandle` per open file,
-//! wrapping a [`File`].
+//! The mount's open file: one `OpenFile` per kernel file handle, wrapping the client's
+//! [`File`] (the one open-file handle of the client) with what the kernel needs besides
+//! it: turn-taking between requests, and the pending size a `getattr` shows.
 //!
 //! The mount never stores or caches file contents itself: every read, write, truncate and
 //! commit goes through the `File`, which owns the data path (small-file bodies in memory,
@@ -21,9 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use talon_model::{Attr, Errno, Ino, TalonError, Time};
 use tokio::sync::Mutex;
 
-/// The data side of one open file.
-pub(crate) struct DataHandle {
-    ino: Ino,
+/// One open regular file of the mount.
+pub(crate) struct OpenFile {
+    pub(crate) ino: Ino,
+    /// Opened for writing (`O_WRONLY` or `O_RDWR`).
+    pub(crate) writable: bool,
     /// `None` once closed.
     file: Mutex<Option<File>>,
     /// Whether the `File` holds writes not yet committed, and the size they give it; read
@@ -39,7 +42,7 @@ fn closed(ino: Ino) -> TalonError {
     TalonError::posix(Errno::EBADF, format!("inode {ino}: handle already closed"))
 }
 
-impl DataHandle {
+impl OpenFile {
     /// Opens `ino`'s contents with the kernel's open `flags`. `created` is the file's
     /// attributes when a create of this mount has just answered them: an empty new file
     /// then opens without another round trip.
@@ -48,7 +51,7 @@ impl DataHandle {
         ino: Ino,
         flags: i32,
         created: Option<Attr>,
-    ) -> Result<DataHandle, TalonError> {
+    ) -> Result<OpenFile, TalonError> {
         let acc = flags & libc::O_ACCMODE;
         let opts = OpenOptions {
             read: acc != libc::O_WRONLY,
@@ -59,8 +62,9 @@ impl DataHandle {
             Some(a) => client.open_created(a, opts).await?,
             None => client.open_ino(ino, opts).await?,
         };
-        Ok(DataHandle {
+        Ok(OpenFile {
             ino,
+            writable: opts.write,
             file: Mutex::new(Some(file)),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),

@@ -30,7 +30,7 @@
 //! modes answer EOPNOTSUPP.
 
 use super::convert::{errno, file_attr, file_type, mknod_kind, negative_entry, talon_time, Ttls};
-use super::data::{self, DataHandle};
+use super::data::{self, OpenFile};
 use super::handles::{DirListing, HandleTable, ListedEntry};
 use crate::client::Client;
 use crate::types::{CreateSpec, RenameFlags, SetAttr, TimeSet, XattrFlags};
@@ -64,13 +64,6 @@ const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// large constant (2^40), as other cluster file systems do.
 const STATFS_BSIZE: u64 = 4096;
 const STATFS_FREE_INODES: u64 = 1 << 40;
-
-/// One open regular file.
-pub(crate) struct OpenFile {
-    ino: Ino,
-    writable: bool,
-    data: DataHandle,
-}
 
 /// State shared by the session thread and the request tasks.
 pub(crate) struct Shared {
@@ -271,7 +264,7 @@ impl Shared {
         if let Some(fhs) = self.open_inos.get(&a.ino) {
             for fh in fhs.iter() {
                 if let Some(f) = self.files.get(*fh) {
-                    a = f.data.overlay(a);
+                    a = f.overlay(a);
                 }
             }
         }
@@ -284,7 +277,7 @@ impl Shared {
             // Unlinked while open here: the open handle still knows the file.
             Err(e) if e.errno() == Errno::ENOENT => match self.any_handle(i) {
                 Some(f) => {
-                    let mut a = f.data.metadata().await?;
+                    let mut a = f.metadata().await?;
                     a.nlink = 0;
                     Ok(a)
                 }
@@ -335,21 +328,16 @@ impl Shared {
 
     /// Opens regular file `i` with the kernel's `flags`: one RPC, which also brings a small
     /// file's body. Returns the handle, the open flags for the kernel and the attributes.
-    /// `created`: the attributes a create has just answered (see [`DataHandle::open`]).
+    /// `created`: the attributes a create has just answered (see [`OpenFile::open`]).
     async fn open_file(
         &self,
         i: Ino,
         flags: i32,
         created: Option<Attr>,
     ) -> Result<(u64, FopenFlags, Attr), TalonError> {
-        let data = DataHandle::open(&self.client, i, flags, created).await?;
-        let attr = data.metadata().await?;
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let fh = self.files.insert(OpenFile {
-            ino: i,
-            writable,
-            data,
-        });
+        let file = OpenFile::open(&self.client, i, flags, created).await?;
+        let attr = file.metadata().await?;
+        let fh = self.files.insert(file);
         self.open_inos.entry(i).or_default().push(fh);
         // Relaxed files may keep their page cache across opens (the kernel still drops it
         // when it sees the size or mtime change); strict ones start afresh on every open,
@@ -385,7 +373,7 @@ impl Shared {
             None => return,
         };
         for f in handles {
-            if let Err(e) = f.data.detach().await {
+            if let Err(e) = f.detach().await {
                 tracing::warn!(ino = %f.ino, "keep an unlinked file's contents: {e}");
             }
         }
@@ -425,7 +413,7 @@ impl Filesystem for TalonFs {
         let rt = s.rt.clone();
         let closing = async move {
             for f in files {
-                if let Err(e) = f.data.close().await {
+                if let Err(e) = f.close().await {
                     tracing::warn!(ino = %f.ino, "close at unmount: {e}");
                 }
             }
@@ -502,7 +490,7 @@ impl Filesystem for TalonFs {
                         .and_then(|fh| s.files.get(fh.0))
                         .or_else(|| s.open_writer(i));
                     match handle {
-                        Some(f) => f.data.set_len(size).await?,
+                        Some(f) => f.set_len(size).await?,
                         None => data::truncate(&s.client, i, size).await?,
                     }
                 }
@@ -722,7 +710,7 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.data.read(offset, size).await {
+            match f.read(offset, size).await {
                 Ok(bytes) => reply.data(&bytes),
                 Err(e) => reply.error(errno("read", &e)),
             }
@@ -746,7 +734,7 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.data.write(offset, &data).await {
+            match f.write(offset, &data).await {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno("write", &e)),
             }
@@ -765,7 +753,7 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.data.flush().await {
+            match f.flush().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("flush", &e)),
             }
@@ -786,7 +774,7 @@ impl Filesystem for TalonFs {
             let Some(f) = s.forget_handle(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.data.close().await {
+            match f.close().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("release", &e)),
             }
@@ -805,7 +793,7 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.data.fsync().await {
+            match f.fsync().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("fsync", &e)),
             }
@@ -1087,7 +1075,7 @@ impl Filesystem for TalonFs {
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).
                     if let Some(f) = s.files.get(fh) {
-                        f.data.set_len(0).await?;
+                        f.set_len(0).await?;
                     }
                 }
                 Ok((s.with_open_size(a), fh, fflags))
@@ -1130,14 +1118,14 @@ impl Filesystem for TalonFs {
                 let end = offset
                     .checked_add(length)
                     .ok_or_else(|| posix(Errno::EFBIG, "fallocate past the largest size"))?;
-                let size = match f.data.pending_size() {
+                let size = match f.pending_size() {
                     Some(size) => size,
                     None => s.client.getattr(f.ino).await?.size,
                 };
                 // Talon stores no blocks ahead of data: mode 0 only has to make the file
                 // at least `end` long.
                 if end > size {
-                    f.data.set_len(end).await?;
+                    f.set_len(end).await?;
                 }
                 Ok(())
             };

@@ -2,7 +2,7 @@
 //! `/` nor NUL, and is not `.` or `..`. Both the client and the server check, so a bad name
 //! never reaches a Raft log.
 
-use crate::error::Errno;
+use crate::error::{Errno, TalonError};
 
 /// Longest entry name in bytes (NAME_MAX).
 pub const NAME_MAX: usize = 255;
@@ -22,6 +22,16 @@ pub fn validate_name(name: &[u8]) -> Result<(), Errno> {
         return Err(Errno::EINVAL);
     }
     Ok(())
+}
+
+/// Checks an entry name as [`validate_name`] does, as the error an operation answers.
+pub fn check_name(name: &[u8]) -> Result<(), TalonError> {
+    validate_name(name).map_err(|errno| {
+        TalonError::posix(
+            errno,
+            format!("invalid name {:?}", String::from_utf8_lossy(name)),
+        )
+    })
 }
 
 /// Checks a symlink target: non-empty, at most PATH_MAX bytes, no NUL.
