@@ -4,7 +4,7 @@
 //! It must not touch a database but through a `View` (`view.rs`), nor define stored
 //! records (`records.rs`) or keys (`keys.rs`).
 //!
-//! `Applier` runs over a `View`: the RocksDB instance plus the writes staged by earlier
+//! `Applier` runs over a `View`: the store (`kv.rs`) plus the writes staged by earlier
 //! commands of the same apply call, plus this command's own staged writes. A command
 //! either succeeds and its writes join the call's batch, or fails and its writes are
 //! dropped; the caller writes the whole batch, with the applied log id, in one RocksDB
@@ -18,14 +18,15 @@
 //! - inos come from the partition's counter, which only grows.
 
 use crate::keys::{self, meta};
+use crate::kv::Kv;
+use crate::kv::Overlay;
 use crate::records::{
     dec, enc, BodyRec, ChunkRec, Dentry, Fatal, InodeRec, PreparedRec, RequestRec,
 };
 use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
 };
-use crate::view::{Overlay, View};
-use rocksdb::DB;
+use crate::view::View;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
@@ -82,18 +83,18 @@ impl Applier {
     /// Applies one command; its writes are staged into `batch` only if it succeeds.
     pub fn apply(
         &self,
-        db: &DB,
+        kv: &dyn Kv,
         batch: &mut Overlay,
         cmd: &Command,
     ) -> Result<CommandResult, Fatal> {
         if let Command::Batch(cmds) = cmd {
             let mut out = Vec::with_capacity(cmds.len());
             for c in cmds {
-                out.push(self.apply(db, batch, c)?);
+                out.push(self.apply(kv, batch, c)?);
             }
             return Ok(CommandResult::Batch(out));
         }
-        let mut view = View::new(db, batch);
+        let mut view = View::new(kv, batch);
         let res = self.apply_one(&mut view, cmd)?;
         if !matches!(res, CommandResult::Failed(_)) {
             let writes = view.into_writes();
@@ -809,6 +810,7 @@ pub fn fresh_attr(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::MemKv;
     use crate::types::TxId;
 
     fn record(id: u64) -> Op {
@@ -820,16 +822,15 @@ mod tests {
     }
 
     /// Applies `cmd` on top of `staged` (nothing reaches the database).
-    fn apply(db: &DB, staged: &mut Overlay, cmd: Command) -> CommandResult {
+    fn apply(kv: &MemKv, staged: &mut Overlay, cmd: Command) -> CommandResult {
         Applier { partition: 3 }
-            .apply(db, staged, &cmd)
+            .apply(kv, staged, &cmd)
             .expect("no storage fault")
     }
 
     #[test]
     fn a_request_is_recorded_once_and_can_be_forgotten() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = DB::open_default(dir.path()).expect("open");
+        let db = MemKv::default();
         let mut staged = Overlay::new();
         let first = apply(&db, &mut staged, Command::Atomic(vec![record(7)]));
         assert!(matches!(first, CommandResult::Applied(_)), "{first:?}");
@@ -899,10 +900,9 @@ mod tests {
     }
 
     /// A partition (3) holding directory `/d` (its home here) with regular file `d/f` and
-    /// an xattr `user.a` on it, staged over an empty database.
+    /// an xattr `user.a` on it, written to an in-memory store (cases then stage over it).
     struct Fixture {
-        db: DB,
-        _dir: tempfile::TempDir,
+        db: MemKv,
         staged: Overlay,
         d: Ino,
         f: Ino,
@@ -915,8 +915,7 @@ mod tests {
 
     impl Fixture {
         fn new() -> Fixture {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let db = DB::open_default(dir.path()).expect("open");
+            let db = MemKv::default();
             let mut staged = Overlay::new();
             let new = |kind, parent| Op::NewInode {
                 attr: Box::new(fresh_attr(
@@ -959,13 +958,7 @@ mod tests {
                 panic!("make d/f: {made:?}")
             };
             let f = o.new_inos[0];
-            let mut fx = Fixture {
-                db,
-                _dir: dir,
-                staged,
-                d,
-                f,
-            };
+            let mut fx = Fixture { db, staged, d, f };
             let set = fx.run(vec![Op::Xattr {
                 ino: f,
                 name: b"user.a".to_vec(),
@@ -974,6 +967,8 @@ mod tests {
                 now: NOW,
             }]);
             assert!(matches!(set, CommandResult::Applied(_)), "{set:?}");
+            // The set-up is in the store, as applied log entries are; a case stages on top.
+            fx.db.write(std::mem::take(&mut fx.staged));
             fx
         }
 

@@ -9,7 +9,8 @@
 //! - `format`: the codec and format version of everything stored or sent between nodes.
 //! - `keys`: the key schema of a partition's state.
 //! - `records`: the values stored under those keys, their encoding, `Fatal`.
-//! - `view`: a partition's state as a command or read sees it (database plus staged writes).
+//! - `kv`: the key-value seam under a view: RocksDB, a snapshot, or a map in memory.
+//! - `view`: a partition's state as a command or read sees it (store plus staged writes).
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
 //! - `archive`: a checkpoint's files packed into one stream, with bounded memory.
@@ -38,6 +39,7 @@ pub mod data;
 pub mod failpoints;
 pub mod format;
 pub mod keys;
+pub mod kv;
 pub mod namespace;
 pub mod network;
 pub mod node;

@@ -16,10 +16,11 @@
 
 use crate::apply::Applier;
 use crate::keys::{self, meta};
+use crate::kv::Overlay;
 use crate::raft_log::SnapshotMark;
 use crate::records::{dec, enc, Fatal, InodeRec};
 use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
-use crate::view::{Overlay, View};
+use crate::view::View;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftLogId, Snapshot, SnapshotMeta,
@@ -451,7 +452,7 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
                         if matches!(cmd, crate::types::Command::Finish { commit: true, .. })
                     );
                     self.applier
-                        .apply(&db, &mut overlay, cmd)
+                        .apply(&*db, &mut overlay, cmd)
                         .map_err(|e| fatal(ErrorVerb::Write, e))?
                 }
                 EntryPayload::Membership(m) => {
@@ -643,7 +644,7 @@ impl SmStore {
         let db = self.db();
         let empty = Overlay::new();
         let snap = db.snapshot();
-        let view = View::at(&db, &snap, &empty);
+        let view = View::new(&snap, &empty);
         f(&view)
     }
 

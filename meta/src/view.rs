@@ -1,60 +1,38 @@
-//! The state as a command or a read sees it: a partition's RocksDB (at a snapshot, for
-//! reads), then the writes staged by earlier commands of the same apply call, then the
-//! command's own. Typed getters for the records of `records.rs`, prefix scans, counters.
+//! The state as a command or a read sees it: a store (a partition's RocksDB, a snapshot of
+//! it for reads, or an in-memory map in tests; see `kv.rs`), then the writes staged by
+//! earlier commands of the same apply call, then the command's own. Typed getters for the
+//! records of `records.rs`, prefix scans, counters.
 //!
 //! It reads and stages writes; it decides nothing (that is `apply.rs`) and writes nothing
 //! to the database (the state machine writes the staged batch).
 
 use crate::keys::{self, meta};
+use crate::kv::{Kv, Overlay};
 use crate::records::{dec, Dentry, Fatal, InodeRec, RequestRec};
 use crate::types::TxId;
-use rocksdb::DB;
-use std::collections::BTreeMap;
 use talon_model::Ino;
 
-/// Staged writes: key → Some(value) to put, None to delete.
-pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// The state as a command sees it: DB, then the call's staged writes, then its own.
+/// The state as a command sees it: the store, then the call's staged writes, then its own.
 pub struct View<'a> {
-    db: &'a DB,
-    snap: Option<&'a rocksdb::Snapshot<'a>>,
+    kv: &'a dyn Kv,
     base: &'a Overlay,
     own: Overlay,
 }
 
 impl<'a> View<'a> {
-    /// A view over `db` with `base` staged.
-    pub fn new(db: &'a DB, base: &'a Overlay) -> View<'a> {
+    /// A view over `kv` with `base` staged. Over a snapshot, every read sees one point in
+    /// time, so reads of several keys (an inode and its body) agree with each other.
+    pub fn new(kv: &'a dyn Kv, base: &'a Overlay) -> View<'a> {
         View {
-            db,
-            snap: None,
+            kv,
             base,
             own: Overlay::new(),
-        }
-    }
-
-    /// A read-only view of one point in time: every read sees `snap`, so reads of several
-    /// keys (an inode and its body) are consistent with each other.
-    pub fn at(db: &'a DB, snap: &'a rocksdb::Snapshot<'a>, base: &'a Overlay) -> View<'a> {
-        View {
-            db,
-            snap: Some(snap),
-            base,
-            own: Overlay::new(),
-        }
-    }
-
-    fn raw_iterator(&self) -> rocksdb::DBRawIterator<'a> {
-        match self.snap {
-            Some(s) => s.raw_iterator(),
-            None => self.db.raw_iterator(),
         }
     }
 
     /// Reads a key.
     pub fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
-        self.get_with(k, rocksdb::ReadOptions::default())
+        self.get_with(k, true)
     }
 
     /// Reads a value that carries a checksum of its own, which the caller verifies (a
@@ -62,20 +40,15 @@ impl<'a> View<'a> {
     /// again on this read. Its software CRC32C over every 110 KB body cost about 6 % of the
     /// server's CPU in a warm image epoch, for bytes the caller checks anyway.
     pub fn get_self_checked(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
-        let mut opts = rocksdb::ReadOptions::default();
-        opts.set_verify_checksums(false);
-        self.get_with(k, opts)
+        self.get_with(k, false)
     }
 
-    /// Reads a key: the staged writes first, then the store with `opts`.
-    fn get_with(&self, k: &[u8], opts: rocksdb::ReadOptions) -> Result<Option<Vec<u8>>, Fatal> {
+    /// Reads a key: the staged writes first, then the store.
+    fn get_with(&self, k: &[u8], verify: bool) -> Result<Option<Vec<u8>>, Fatal> {
         if let Some(v) = self.staged(k) {
             return Ok(v.clone());
         }
-        Ok(match self.snap {
-            Some(s) => s.get_opt(k, opts)?,
-            None => self.db.get_opt(k, &opts)?,
-        })
+        self.kv.get(k, verify)
     }
 
     fn staged(&self, k: &[u8]) -> Option<&Option<Vec<u8>>> {
@@ -93,20 +66,13 @@ impl<'a> View<'a> {
                 return Ok(true);
             }
         }
-        let mut it = self.raw_iterator();
-        it.seek(prefix);
-        while let Some(k) = it.key() {
-            if !k.starts_with(prefix) {
-                break;
-            }
-            match self.staged(k) {
-                Some(None) => {}
-                _ => return Ok(true),
-            }
-            it.next();
-        }
-        it.status()?;
-        Ok(false)
+        let mut found = false;
+        self.kv.scan_keys(prefix, &mut |k| {
+            // A key the staged writes delete does not count.
+            found = k.starts_with(prefix) && !matches!(self.staged(k), Some(None));
+            k.starts_with(prefix) && !found
+        })?;
+        Ok(found)
     }
 
     /// Stages a put.
@@ -122,16 +88,13 @@ impl<'a> View<'a> {
     /// Keys with `prefix`, staged writes included (small prefixes only: xattrs, locks).
     pub fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, Fatal> {
         let mut out = std::collections::BTreeSet::new();
-        let mut it = self.raw_iterator();
-        it.seek(prefix);
-        while let Some(k) = it.key() {
-            if !k.starts_with(prefix) {
-                break;
+        self.kv.scan_keys(prefix, &mut |k| {
+            let more = k.starts_with(prefix);
+            if more {
+                out.insert(k.to_vec());
             }
-            out.insert(k.to_vec());
-            it.next();
-        }
-        it.status()?;
+            more
+        })?;
         for ov in [self.base, &self.own] {
             for (k, _) in ov
                 .range(prefix.to_vec()..)
