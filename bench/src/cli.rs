@@ -51,6 +51,24 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A report table for the terminal: no borders, a header row, every column aligned right
+/// (the cells are numbers) with two spaces before it. Print it with [`render`].
+pub fn plain_table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_header(header.iter().copied());
+    for c in t.column_iter_mut() {
+        c.set_padding((2, 0));
+        c.set_cell_alignment(comfy_table::CellAlignment::Right);
+    }
+    t
+}
+
+/// `t`'s lines, each ending in a newline.
+pub fn render(t: &comfy_table::Table) -> String {
+    t.lines().map(|l| l + "\n").collect()
+}
+
 /// Prints `table` (or the JSON when `json` is `-`) and writes the JSON file if asked.
 pub fn emit<R: Serialize>(report: &R, table: &str, json: Option<&Path>) -> anyhow::Result<()> {
     match json {

@@ -289,8 +289,7 @@ pub fn read_epoch(
 
 /// The epoch table's header and rows.
 pub fn epoch_table(epochs: &[EpochResult]) -> String {
-    let mut s = format!(
-        "{:>5} {:>7} {:>5} {:>8} {:>11} {:>9} {:>8} {:>8} {:>9} {:>6} {:>9}\n",
+    let mut t = crate::cli::plain_table(&[
         "epoch",
         "workers",
         "cache",
@@ -301,26 +300,25 @@ pub fn epoch_table(epochs: &[EpochResult]) -> String {
         "p99 ms",
         "p99.9 ms",
         "errors",
-        "RPCs/file"
-    );
+        "RPCs/file",
+    ]);
     for e in epochs {
-        s.push_str(&format!(
-            "{:>5} {:>7} {:>5} {:>8} {:>11.1} {:>9.1} {:>8.3} {:>8.3} {:>9.3} {:>6} {:>9}\n",
-            e.epoch,
-            e.workers,
-            if e.cold { "cold" } else { "warm" },
-            e.files,
-            e.files_per_sec,
-            e.mb_per_sec,
-            e.latency.p50_ms,
-            e.latency.p99_ms,
-            e.latency.p999_ms,
-            e.errors,
+        t.add_row(vec![
+            e.epoch.to_string(),
+            e.workers.to_string(),
+            if e.cold { "cold" } else { "warm" }.to_string(),
+            e.files.to_string(),
+            format!("{:.1}", e.files_per_sec),
+            format!("{:.1}", e.mb_per_sec),
+            format!("{:.3}", e.latency.p50_ms),
+            format!("{:.3}", e.latency.p99_ms),
+            format!("{:.3}", e.latency.p999_ms),
+            e.errors.to_string(),
             e.round_trips_per_file
-                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}"))
-        ));
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+        ]);
     }
-    s
+    crate::cli::render(&t)
 }
 
 #[cfg(test)]

@@ -265,20 +265,24 @@ impl ImagenetReport {
             s.push_str(&epoch::epoch_table(&self.epochs));
         }
         if !self.loader.is_empty() {
-            s.push_str(&format!(
-                "\n{:>12} {:>12} {:>16} {:>10} {:>6}\n",
-                "accelerators", "utilisation", "min utilisation", "images/s", "errors"
-            ));
+            let mut t = crate::cli::plain_table(&[
+                "accelerators",
+                "utilisation",
+                "min utilisation",
+                "images/s",
+                "errors",
+            ]);
             for l in &self.loader {
-                s.push_str(&format!(
-                    "{:>12} {:>11.1}% {:>15.1}% {:>10.1} {:>6}\n",
-                    l.accelerators,
-                    l.utilisation * 100.0,
-                    l.min_utilisation * 100.0,
-                    l.images_per_sec,
-                    l.errors
-                ));
+                t.add_row(vec![
+                    l.accelerators.to_string(),
+                    format!("{:.1}%", l.utilisation * 100.0),
+                    format!("{:.1}%", l.min_utilisation * 100.0),
+                    format!("{:.1}", l.images_per_sec),
+                    l.errors.to_string(),
+                ]);
             }
+            s.push('\n');
+            s.push_str(&crate::cli::render(&t));
             match self.max_accelerators_at_90 {
                 Some(a) => s.push_str(&format!("Most accelerators at >= 90%: {a}\n")),
                 None => s.push_str("Most accelerators at >= 90%: none of those tried\n"),

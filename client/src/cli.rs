@@ -10,6 +10,7 @@ use crate::client::Client;
 use crate::options::ClientOptions;
 use crate::types::{DirEntry, MkdirOptions};
 use clap::{Args, Parser, Subcommand};
+use comfy_table::{presets, CellAlignment, Table};
 use std::io::Write;
 use std::path::PathBuf;
 use talon_model::{Attr, Class, Errno, FileKind, TalonError, Time};
@@ -665,65 +666,80 @@ fn write_stat(out: &mut impl Write, path: &str, a: &Attr) -> std::io::Result<()>
     Ok(())
 }
 
+/// A table for the terminal: no borders, a header row, two spaces between columns, the
+/// columns from `left` on aligned right (numbers).
+fn plain_table(header: &[&str], left: usize) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_header(header.iter().copied());
+    for (i, c) in t.column_iter_mut().enumerate() {
+        c.set_padding((0, 2));
+        if i >= left {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+/// `t`'s lines, without the padding after the last column.
+fn render(t: &Table) -> String {
+    t.lines().map(|l| l.trim_end().to_string() + "\n").collect()
+}
+
 async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<bool> {
     let mut ok = true;
-    writeln!(
-        out,
-        "{:>4}  {:<21} {:>4}  {:<9} {:>6} {:>6} {:>10} {:>10} {:>10}",
-        "NODE", "ADDR", "PART", "ROLE", "LEADER", "TERM", "APPLIED", "ENTRIES", "INODES"
-    )?;
-    let mut spaces = Vec::new();
+    let mut parts = plain_table(
+        &[
+            "NODE", "ADDR", "PART", "ROLE", "LEADER", "TERM", "APPLIED", "ENTRIES", "INODES",
+        ],
+        0,
+    );
+    for i in [1, 3] {
+        if let Some(c) = parts.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Left);
+        }
+    }
+    let mut spaces = plain_table(&["NODE", "SPACE", "USED", "SIZE", "WRITABLE"], 2);
     for n in client.status().await {
         if let Some(s) = &n.space {
-            spaces.push((n.node_id, s.clone()));
+            spaces.add_row(vec![
+                n.node_id.to_string(),
+                s.level.clone(),
+                format!("{:.1}%", s.used * 100.0),
+                s.total.to_string(),
+                s.usable.to_string(),
+            ]);
         }
         match n.partitions {
-            Ok(parts) => {
-                for p in parts {
-                    writeln!(
-                        out,
-                        "{:>4}  {:<21} {:>4}  {:<9} {:>6} {:>6} {:>10} {:>10} {:>10}",
-                        n.node_id,
-                        n.addr,
-                        p.id,
+            Ok(ps) => {
+                for p in ps {
+                    parts.add_row(vec![
+                        n.node_id.to_string(),
+                        n.addr.clone(),
+                        p.id.to_string(),
                         p.role,
-                        p.leader,
-                        p.term,
-                        p.applied_index,
-                        p.entries,
-                        p.inodes
-                    )?;
+                        p.leader.to_string(),
+                        p.term.to_string(),
+                        p.applied_index.to_string(),
+                        p.entries.to_string(),
+                        p.inodes.to_string(),
+                    ]);
                 }
             }
             Err(e) => {
-                writeln!(
-                    out,
-                    "{:>4}  {:<21} unreachable: {}",
-                    n.node_id,
-                    n.addr,
-                    describe(&e)
-                )?;
+                parts.add_row(vec![
+                    n.node_id.to_string(),
+                    n.addr.clone(),
+                    "-".to_string(),
+                    format!("unreachable: {}", describe(&e)),
+                ]);
                 ok = false;
             }
         }
     }
+    write!(out, "{}", render(&parts))?;
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:>4}  {:<9} {:>6} {:>12} {:>12}",
-        "NODE", "SPACE", "USED", "SIZE", "WRITABLE"
-    )?;
-    for (id, s) in spaces {
-        writeln!(
-            out,
-            "{:>4}  {:<9} {:>5.1}% {:>12} {:>12}",
-            id,
-            s.level,
-            s.used * 100.0,
-            s.total,
-            s.usable
-        )?;
-    }
+    write!(out, "{}", render(&spaces))?;
     Ok(ok)
 }
 

@@ -166,22 +166,39 @@ async fn main() -> anyhow::Result<()> {
                 s.space_total_bytes,
                 s.space_usable_bytes
             );
-            println!(
-                "{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}",
-                "partition", "role", "leader", "term", "last_log", "applied", "entries", "inodes"
-            );
+            let mut table = comfy_table::Table::new();
+            table
+                .load_preset(comfy_table::presets::NOTHING)
+                .set_header([
+                    "partition",
+                    "role",
+                    "leader",
+                    "term",
+                    "last_log",
+                    "applied",
+                    "entries",
+                    "inodes",
+                ]);
             for p in s.partitions {
-                println!(
-                    "{:>9} {:>9} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9}",
-                    p.id,
+                table.add_row(vec![
+                    p.id.to_string(),
                     p.role,
-                    p.leader,
-                    p.term,
-                    p.last_log_index,
-                    p.applied_index,
-                    p.entries,
-                    p.inodes
-                );
+                    p.leader.to_string(),
+                    p.term.to_string(),
+                    p.last_log_index.to_string(),
+                    p.applied_index.to_string(),
+                    p.entries.to_string(),
+                    p.inodes.to_string(),
+                ]);
+            }
+            for (i, c) in table.column_iter_mut().enumerate() {
+                c.set_padding((0, 2));
+                if i != 1 {
+                    c.set_cell_alignment(comfy_table::CellAlignment::Right);
+                }
+            }
+            for line in table.lines() {
+                println!("{}", line.trim_end());
             }
             Ok(())
         }
