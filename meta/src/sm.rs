@@ -633,6 +633,11 @@ fn install_snapshot(
         .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
     store.mark.set(last);
     remove_data_files_but(&store.dir, Some(&data_file));
+    tracing::info!(
+        partition = store.partition,
+        last = ?last,
+        "installed a snapshot from the leader"
+    );
     Ok(())
 }
 
