@@ -7,7 +7,7 @@
 //! a malformed request gets an error and never reaches a Raft log.
 
 use crate::node::{Node, PeerRequest};
-use crate::types::{AttrChange, NodeId, TypeConfig};
+use crate::types::{NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
 use std::sync::Arc;
@@ -204,7 +204,7 @@ impl Namespace for Api {
     async fn set_attr(&self, r: Request<pb::SetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let change = AttrChange::resolve(&SetAttr::try_from(&r)?, Time::now());
+        let change = SetAttr::try_from(&r)?.resolve(Time::now());
         let attr = self
             .node
             .setattr(h.partition, h.epoch, Ino(r.ino), change)

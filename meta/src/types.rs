@@ -69,37 +69,8 @@ pub enum Target {
 }
 
 /// Attribute changes of a setattr as its op records them: every time fixed by the proposer
-/// (the request, with its "now" times, is `talon_model::SetAttr`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttrChange {
-    /// New permission bits.
-    pub perm: Option<u32>,
-    /// New owner.
-    pub uid: Option<u32>,
-    /// New group.
-    pub gid: Option<u32>,
-    /// New size.
-    pub size: Option<u64>,
-    /// New access time.
-    pub atime: Option<Time>,
-    /// New modification time.
-    pub mtime: Option<Time>,
-}
-
-impl AttrChange {
-    /// The change a client's setattr asks for, its "now" times read from the clock of the
-    /// node that proposes it (`now`), so every replica applies the same times.
-    pub fn resolve(set: &SetAttr, now: Time) -> AttrChange {
-        AttrChange {
-            perm: set.perm,
-            uid: set.uid,
-            gid: set.gid,
-            size: set.size,
-            atime: set.atime.map(|t| t.at(now)),
-            mtime: set.mtime.map(|t| t.at(now)),
-        }
-    }
-}
+/// (see `talon_model::set_attr`).
+pub type AttrChange = SetAttr<Time>;
 
 /// One primitive step of a namespace change on one partition. Preconditions (`Expect*`)
 /// are checked for the whole list before any mutation applies.

@@ -1,12 +1,14 @@
-//! What a setattr asks for: which attributes change, to what, with times either exact or
-//! "now" by the server's clock. The client builds a [`SetAttr`] and sends it as a
-//! `SetAttrRequest`; the server decodes it into the same type, then resolves "now" with its
-//! own clock into the change its log records (`AttrChange` in `talon-meta`, a different
-//! noun: a setattr as applied, with every time fixed, so replicas agree).
+//! What a setattr changes: which attributes, to what. One noun in two stages, told apart by
+//! how its times are given: as asked, [`SetAttr`] (`SetAttr<TimeSet>`), with times exact
+//! or "now" by the server's clock; as applied, `SetAttr<Time>` (`AttrChange` in
+//! `talon-meta`), every time fixed by the proposing node's clock so that replicas agree.
+//! The client builds the first and sends it as a `SetAttrRequest`; the server decodes it
+//! into the same type and [resolves](SetAttr::resolve) it into the second for its log.
 
 use crate::attr::Time;
 use crate::error::TalonError;
 use crate::ino::Ino;
+use serde::{Deserialize, Serialize};
 use talon_proto::v1 as pb;
 
 /// How to set a time in [`SetAttr`].
@@ -28,9 +30,10 @@ impl TimeSet {
     }
 }
 
-/// Which attributes a setattr changes; `None` keeps one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SetAttr {
+/// Which attributes a setattr changes; `None` keeps one. `T` is how a time is given:
+/// [`TimeSet`] as asked, [`Time`] as applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr<T = TimeSet> {
     /// New permission bits.
     pub perm: Option<u32>,
     /// New owner.
@@ -40,9 +43,23 @@ pub struct SetAttr {
     /// New size (truncate or extend).
     pub size: Option<u64>,
     /// New access time.
-    pub atime: Option<TimeSet>,
+    pub atime: Option<T>,
     /// New modification time.
-    pub mtime: Option<TimeSet>,
+    pub mtime: Option<T>,
+}
+
+/// No change (for any way of giving times, so not derived).
+impl<T> Default for SetAttr<T> {
+    fn default() -> Self {
+        SetAttr {
+            perm: None,
+            uid: None,
+            gid: None,
+            size: None,
+            atime: None,
+            mtime: None,
+        }
+    }
 }
 
 /// A time as the request carries it: an exact time, or the "now" flag.
@@ -61,7 +78,20 @@ fn time_from_wire(t: Option<pb::Timestamp>, now: bool) -> Result<Option<TimeSet>
     t.map(|t| Time::try_from(t).map(TimeSet::At)).transpose()
 }
 
-impl SetAttr {
+impl SetAttr<TimeSet> {
+    /// This change with its "now" times read from `now`, the clock of the node that
+    /// proposes it: what the log records, so every replica applies the same times.
+    pub fn resolve(&self, now: Time) -> SetAttr<Time> {
+        SetAttr {
+            perm: self.perm,
+            uid: self.uid,
+            gid: self.gid,
+            size: self.size,
+            atime: self.atime.map(|t| t.at(now)),
+            mtime: self.mtime.map(|t| t.at(now)),
+        }
+    }
+
     /// The request that applies this change to inode `ino`.
     pub fn to_request(&self, header: Option<pb::RequestHeader>, ino: Ino) -> pb::SetAttrRequest {
         let (atime, atime_now) = time_to_wire(self.atime);
@@ -81,11 +111,11 @@ impl SetAttr {
     }
 }
 
-impl TryFrom<&pb::SetAttrRequest> for SetAttr {
+impl TryFrom<&pb::SetAttrRequest> for SetAttr<TimeSet> {
     type Error = TalonError;
 
     /// Decodes the change a request asks for; a "now" flag wins over a time given with it.
-    fn try_from(r: &pb::SetAttrRequest) -> Result<SetAttr, TalonError> {
+    fn try_from(r: &pb::SetAttrRequest) -> Result<SetAttr<TimeSet>, TalonError> {
         Ok(SetAttr {
             perm: r.perm,
             uid: r.uid,
@@ -131,5 +161,28 @@ mod tests {
         let now = Time { secs: 99, nanos: 0 };
         assert_eq!(TimeSet::Now.at(now), now);
         assert_eq!(TimeSet::At(t).at(now), t);
+    }
+
+    #[test]
+    fn resolving_fixes_every_now() {
+        let t = Time { secs: 5, nanos: 6 };
+        let now = Time { secs: 99, nanos: 0 };
+        let asked = SetAttr {
+            size: Some(3),
+            atime: Some(TimeSet::Now),
+            mtime: Some(TimeSet::At(t)),
+            ..SetAttr::default()
+        };
+        let applied: SetAttr<Time> = asked.resolve(now);
+        assert_eq!(
+            applied,
+            SetAttr {
+                size: Some(3),
+                atime: Some(now),
+                mtime: Some(t),
+                ..SetAttr::default()
+            }
+        );
+        assert_eq!(SetAttr::<TimeSet>::default().resolve(now), SetAttr::default());
     }
 }
