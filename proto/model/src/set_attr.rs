@@ -183,6 +183,9 @@ mod tests {
                 ..SetAttr::default()
             }
         );
-        assert_eq!(SetAttr::<TimeSet>::default().resolve(now), SetAttr::default());
+        assert_eq!(
+            SetAttr::<TimeSet>::default().resolve(now),
+            SetAttr::default()
+        );
     }
 }
