@@ -667,14 +667,14 @@ fn write_stat(out: &mut impl Write, path: &str, a: &Attr) -> std::io::Result<()>
 }
 
 /// A table for the terminal: no borders, a header row, two spaces between columns, the
-/// columns from `left` on aligned right (numbers).
-fn plain_table(header: &[&str], left: usize) -> Table {
+/// columns in `text` aligned left and the others (numbers) right.
+fn plain_table(header: &[&str], text: &[usize]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING)
         .set_header(header.iter().copied());
     for (i, c) in t.column_iter_mut().enumerate() {
         c.set_padding((0, 2));
-        if i >= left {
+        if !text.contains(&i) {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
@@ -692,14 +692,9 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
         &[
             "NODE", "ADDR", "PART", "ROLE", "LEADER", "TERM", "APPLIED", "ENTRIES", "INODES",
         ],
-        0,
+        &[1, 3],
     );
-    for i in [1, 3] {
-        if let Some(c) = parts.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Left);
-        }
-    }
-    let mut spaces = plain_table(&["NODE", "SPACE", "USED", "SIZE", "WRITABLE"], 2);
+    let mut spaces = plain_table(&["NODE", "SPACE", "USED", "SIZE", "WRITABLE"], &[1]);
     for n in client.status().await {
         if let Some(s) = &n.space {
             spaces.add_row(vec![

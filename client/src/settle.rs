@@ -23,7 +23,7 @@ use talon_model::{Backoff, Class, Ino, TalonError};
 
 /// Attempts of an operation that partitions keep refusing with `StaleEpoch` (directory
 /// renames landing between resolving a path and using it) before the refusal is returned.
-pub(crate) const STALE_ATTEMPTS: usize = 32;
+const STALE_ATTEMPTS: usize = 32;
 
 /// What an attempt was routed by, so what a refusal invalidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

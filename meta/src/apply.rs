@@ -18,8 +18,7 @@
 //! - inos come from the partition's counter, which only grows.
 
 use crate::keys::{self, meta};
-use crate::kv::Kv;
-use crate::kv::Overlay;
+use crate::kv::{Kv, Overlay};
 use crate::records::{
     dec, enc, BodyRec, ChunkRec, Dentry, Fatal, InodeRec, PreparedRec, RequestRec,
 };
