@@ -210,3 +210,22 @@ async fn malformed_requests_get_errors() {
     assert_eq!(ok.into_inner().attr.map(|a| a.ino), Some(ROOT_INO.0));
     cluster.shutdown().await;
 }
+
+/// `talon-meta status` against an address that accepts connections but never answers
+/// gives up with an error naming the address, rather than waiting forever.
+#[test]
+fn status_of_a_silent_address_gives_up() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = silent.local_addr().expect("address").to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_talon-meta"))
+        .args(["status", "--addr", &addr, "--timeout", "1"])
+        .output()
+        .expect("run talon-meta status");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "status succeeded: {err}");
+    assert!(
+        err.contains(&format!("{addr} did not answer within 1 s")),
+        "{err}"
+    );
+    drop(silent);
+}

@@ -48,6 +48,9 @@ enum Cmd {
         /// The node's address (host:port).
         #[arg(long, default_value = "127.0.0.1:7001")]
         addr: String,
+        /// Give up after this many seconds (connecting and answering together).
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
     },
 }
 
@@ -148,16 +151,22 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Status { addr } => {
-            let mut client = talon_proto::v1::namespace_client::NamespaceClient::connect(format!(
-                "http://{addr}"
-            ))
-            .await
-            .with_context(|| format!("connect {addr}"))?;
-            let s = client
-                .status(talon_proto::v1::StatusRequest {})
-                .await?
-                .into_inner();
+        Cmd::Status { addr, timeout } => {
+            let ask = async {
+                let mut client = talon_proto::v1::namespace_client::NamespaceClient::connect(
+                    format!("http://{addr}"),
+                )
+                .await
+                .with_context(|| format!("connect {addr}"))?;
+                let s = client
+                    .status(talon_proto::v1::StatusRequest {})
+                    .await
+                    .with_context(|| format!("status of {addr}"))?;
+                anyhow::Ok(s.into_inner())
+            };
+            let s = tokio::time::timeout(std::time::Duration::from_secs(timeout), ask)
+                .await
+                .map_err(|_| anyhow::anyhow!("{addr} did not answer within {timeout} s"))??;
             println!("node {} at {}", s.node_id, s.addr);
             println!(
                 "space: {} ({:.1}% of {} bytes used, {} bytes writable)",
