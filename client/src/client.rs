@@ -167,6 +167,14 @@ impl Client {
         }
     }
 
+    /// As [`Client::note_write`], for every partition: a change whose partitions are unknown.
+    fn note_write_everywhere(&self) {
+        let now = self.now_ms();
+        for t in self.inner.last_write.iter() {
+            t.store(now, Ordering::Relaxed);
+        }
+    }
+
     /// Records that this client changed the entries of directory `dir`: the directory's
     /// link count and times changed on its home partition before the change was answered,
     /// so this client's reads there go to the leader for the session window, and cached
@@ -364,6 +372,8 @@ impl Client {
         self.cache().remove_dentry(parent, name);
         self.changed_dir(parent);
         let reply = r?;
+        // The inode's link count changed at its own home, which may be another partition.
+        self.note_write(Ino(reply.ino).home());
         if directory {
             self.cache().forget_class(Ino(reply.ino));
         } else {
@@ -393,6 +403,20 @@ impl Client {
         if let Some(d) = dst_part {
             self.note_write(d);
         }
+        // The moved inode (its change time, a directory's parent) and a replaced one (its
+        // link count) change at their homes: reads there go to the leader for the session
+        // window too. Their inodes are known from the entries the kernel looked up first;
+        // when either is not (or the destination is absent), any partition may be one.
+        let homes = [(src_parent, src_name), (dst_parent, dst_name)]
+            .map(|(dir, name)| self.cache().dentry(dir, name).map(|e| e.attr.ino.home()));
+        let note_homes = || match homes {
+            [Some(s), Some(d)] => {
+                self.note_write(s);
+                self.note_write(d);
+            }
+            _ => self.note_write_everywhere(),
+        };
+        note_homes();
         let req = pb::RenameRequest {
             header: header(p, ReadKind::Write, epoch),
             src_parent: src_parent.0,
@@ -411,6 +435,7 @@ impl Client {
         if let Some(d) = dst_part {
             self.note_write(d);
         }
+        note_homes();
         self.cache().remove_dentry(src_parent, src_name);
         self.cache().remove_dentry(dst_parent, dst_name);
         self.changed_dir(src_parent);
@@ -443,6 +468,8 @@ impl Client {
             .await?;
         self.cache().observe_epoch(reply.epoch);
         let (attr, stamp) = (attr_of(reply.attr)?, reply.epoch.max(epoch));
+        // The link count changed at the inode's home, which may be another partition.
+        self.note_write(ino.home());
         self.cache().note_attr(&attr);
         self.changed_dir(new_parent);
         self.cache()
@@ -576,24 +603,39 @@ impl Client {
 
     /// The value of xattr `name` of `ino` (ENODATA when absent).
     pub async fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
-        let p = ino.home();
         self.settle(Scope::Inode, |epoch| {
-            let req = pb::GetXattrRequest {
-                header: header(p, ReadKind::StrictRead, epoch),
-                ino: ino.0,
-                name: name.to_vec(),
-            };
-            async move {
-                let r = self
-                    .call(p, ReadKind::StrictRead, |mut c| {
-                        let req = req.clone();
-                        async move { c.get_xattr(req).await }
-                    })
-                    .await?;
-                Ok(r.value)
-            }
+            self.rpc_getxattr(ino, name, ReadKind::StrictRead, epoch)
         })
         .await
+    }
+
+    /// The value of xattr `name` of `ino` from any replica of its home partition, possibly
+    /// stale within the cluster's staleness bound (this client's own changes show at once).
+    pub async fn getxattr_relaxed(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
+        self.rpc_getxattr(ino, name, ReadKind::RelaxedRead, 0).await
+    }
+
+    async fn rpc_getxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        read: ReadKind,
+        epoch: u64,
+    ) -> Result<Vec<u8>, TalonError> {
+        let p = ino.home();
+        let read = self.read_for(p, read);
+        let req = pb::GetXattrRequest {
+            header: header(p, read, epoch),
+            ino: ino.0,
+            name: name.to_vec(),
+        };
+        let r = self
+            .call(p, read, |mut c| {
+                let req = req.clone();
+                async move { c.get_xattr(req).await }
+            })
+            .await?;
+        Ok(r.value)
     }
 
     /// Sets xattr `name` of `ino` to `value`.

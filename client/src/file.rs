@@ -931,6 +931,33 @@ impl Client {
         let opened = self
             .rpc_open(ino, !opts.truncate, ReadKind::StrictRead)
             .await?;
+        self.open_ino_from(ino, opened, opts).await
+    }
+
+    /// As [`Client::open_ino`], for a file the caller knows to be in a relaxed directory: an
+    /// open that only reads is served by any replica, within the staleness bound (this
+    /// client's own changes show at once); one that writes opens at the leader, as there.
+    pub async fn open_ino_relaxed(&self, ino: Ino, opts: OpenOptions) -> Result<File, TalonError> {
+        if opts.write || opts.truncate {
+            return self.open_ino(ino, opts).await;
+        }
+        check_opts(&opts)?;
+        let opened = match self.rpc_open(ino, true, ReadKind::RelaxedRead).await {
+            // A replica behind may not have it yet: the leader says.
+            Err(e) if e.errno() == Errno::ENOENT => {
+                self.rpc_open(ino, true, ReadKind::StrictRead).await?
+            }
+            r => r?,
+        };
+        self.open_ino_from(ino, opened, opts).await
+    }
+
+    async fn open_ino_from(
+        &self,
+        ino: Ino,
+        opened: Opened,
+        opts: OpenOptions,
+    ) -> Result<File, TalonError> {
         if opened.attr.kind != FileKind::Regular {
             return Err(TalonError::posix(
                 Errno::EISDIR,

@@ -655,6 +655,65 @@ fn a_new_file_opens_without_another_round_trip() {
     }
 }
 
+/// On three nodes, where a relaxed file's attributes and xattrs may be read from a
+/// follower, the mount still sees its own changes at once: a mode after chmod, a size
+/// after a write, an xattr after each set, a parent's link count after mkdir, and a link
+/// count after unlink and after a rename over a name. The last two change an inode at its
+/// home partition while the request goes to the name's; each is made after the session
+/// window of the inode's creation has passed, so nothing else sends its reads to the leader.
+#[test]
+fn own_changes_to_relaxed_files_show_at_once_on_three_nodes() {
+    let m = Mounted::start_with(3);
+    let d = m.path("data");
+    fs::create_dir(&d).expect("mkdir");
+    let nlink = |p: &std::path::Path| fs::metadata(p).expect("stat").nlink();
+    // Twice the staleness bound, and a margin.
+    let window = Duration::from_millis(2 * fuse_support::STALENESS_MS + 200);
+    for i in 0..3u32 {
+        let (f, g, h) = (
+            d.join(format!("f{i}")),
+            d.join(format!("g{i}")),
+            d.join(format!("h{i}")),
+        );
+        fs::write(&f, b"x").expect("create");
+        fs::hard_link(&f, &g).expect("link");
+        assert_eq!(nlink(&f), 2, "round {i}: after link");
+        std::thread::sleep(window);
+        fs::remove_file(&g).expect("unlink");
+        assert_eq!(nlink(&f), 1, "round {i}: after unlink");
+
+        fs::write(&h, b"y").expect("create another");
+        fs::hard_link(&h, &g).expect("link it");
+        std::thread::sleep(window);
+        fs::rename(&f, &g).expect("rename over one of its names");
+        assert_eq!(
+            nlink(&h),
+            1,
+            "round {i}: after the rename replaced its other name"
+        );
+
+        fs::set_permissions(&g, fs::Permissions::from_mode(0o600 + i)).expect("chmod");
+        assert_eq!(
+            fs::metadata(&g).expect("stat").mode() & 0o777,
+            0o600 + i,
+            "round {i}: after chmod"
+        );
+        fs::write(&h, vec![7u8; 100 + i as usize]).expect("rewrite");
+        assert_eq!(fs::metadata(&h).expect("stat").len(), 100 + u64::from(i));
+        for v in 0..10 {
+            let value = format!("v{i}.{v}");
+            rustix::fs::setxattr(&h, "user.k", value.as_bytes(), XattrFlags::empty())
+                .expect("setxattr");
+            let mut buf = [0u8; 16];
+            let n = rustix::fs::getxattr(&h, "user.k", &mut buf[..]).expect("getxattr");
+            assert_eq!(&buf[..n], value.as_bytes(), "round {i}: after setxattr");
+        }
+        let before = nlink(&d);
+        fs::create_dir(d.join(format!("s{i}"))).expect("mkdir");
+        assert_eq!(nlink(&d), before + 1, "round {i}: after mkdir");
+    }
+}
+
 /// A name missing from a relaxed directory is a negative entry for the relaxed TTL: probing
 /// it again asks the cluster once per TTL, not once per probe (a strict directory asks every
 /// time). This mount's own create of the name shows at once; a create the kernel did not

@@ -45,12 +45,14 @@ fn closed(ino: Ino) -> TalonError {
 impl OpenFile {
     /// Opens `ino`'s contents with the kernel's open `flags`. `created` is the file's
     /// attributes when a create of this mount has just answered them: an empty new file
-    /// then opens without another round trip.
+    /// then opens without another round trip. `relaxed`: the kernel was shown the file as
+    /// relaxed, so a read-only open may be served by any replica.
     pub async fn open(
         client: &Client,
         ino: Ino,
         flags: i32,
         created: Option<Attr>,
+        relaxed: bool,
     ) -> Result<OpenFile, TalonError> {
         let acc = flags & libc::O_ACCMODE;
         let opts = OpenOptions {
@@ -60,6 +62,7 @@ impl OpenFile {
         };
         let file = match created {
             Some(a) => client.open_created(a, opts).await?,
+            None if relaxed => client.open_ino_relaxed(ino, opts).await?,
             None => client.open_ino(ino, opts).await?,
         };
         Ok(OpenFile {

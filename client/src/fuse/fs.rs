@@ -80,10 +80,17 @@ pub(crate) struct Shared {
     /// parent up, and checks it, before it creates in it, so this is as fresh as what the
     /// kernel used for its permission check.
     dir_modes: DashMap<Ino, (u32, u32)>,
+    /// Inodes last shown to the kernel as relaxed: their attributes and xattrs are read
+    /// from any replica (bounded staleness; this mount's own changes show at once, see
+    /// `Client::read_for`). An inode not in it is read strictly, so forgetting one is safe.
+    relaxed: DashMap<Ino, ()>,
 }
 
 /// Directories remembered in `dir_modes` before it is emptied and refilled on demand.
 const DIR_MODES_MAX: usize = 100_000;
+
+/// Relaxed inodes remembered in `relaxed` before it is emptied and refilled on demand.
+const RELAXED_MAX: usize = 1_000_000;
 
 /// The FUSE file system of one mount.
 pub struct TalonFs {
@@ -107,6 +114,7 @@ impl TalonFs {
                 open_inos: DashMap::new(),
                 strict_prefixes,
                 dir_modes: DashMap::new(),
+                relaxed: DashMap::new(),
             }),
         }
     }
@@ -212,14 +220,30 @@ impl Shared {
     }
 
     fn entry(&self, reply: ReplyEntry, a: &Attr) {
-        self.note_dir_mode(a);
+        self.note_shown(a);
         let ttl = self.ttls.of(a.class);
         reply.entry(&ttl, &file_attr(a), Generation(0));
     }
 
     fn attr(&self, reply: ReplyAttr, a: &Attr) {
-        self.note_dir_mode(a);
+        self.note_shown(a);
         reply.attr(&self.ttls.of(a.class), &file_attr(a));
+    }
+
+    /// Remembers what the kernel is shown of an inode: its class, and a directory's mode.
+    fn note_shown(&self, a: &Attr) {
+        self.note_dir_mode(a);
+        match a.class {
+            Class::Relaxed => {
+                if self.relaxed.len() >= RELAXED_MAX {
+                    self.relaxed.clear();
+                }
+                self.relaxed.insert(a.ino, ());
+            }
+            Class::Strict => {
+                self.relaxed.remove(&a.ino);
+            }
+        }
     }
 
     /// Remembers a directory's mode bits and group as shown to the kernel.
@@ -272,7 +296,16 @@ impl Shared {
     }
 
     async fn getattr(&self, i: Ino) -> Result<Attr, TalonError> {
-        match self.client.getattr(i).await {
+        let got = if self.relaxed.contains_key(&i) {
+            match self.client.getattr_relaxed(i).await {
+                // A replica behind may not have it yet: the leader says.
+                Err(e) if e.errno() == Errno::ENOENT => self.client.getattr(i).await,
+                r => r,
+            }
+        } else {
+            self.client.getattr(i).await
+        };
+        match got {
             Ok(a) => Ok(self.with_open_size(a)),
             // Unlinked while open here: the open handle still knows the file.
             Err(e) if e.errno() == Errno::ENOENT => match self.any_handle(i) {
@@ -335,7 +368,8 @@ impl Shared {
         flags: i32,
         created: Option<Attr>,
     ) -> Result<(u64, FopenFlags, Attr), TalonError> {
-        let file = OpenFile::open(&self.client, i, flags, created).await?;
+        let relaxed = self.relaxed.contains_key(&i);
+        let file = OpenFile::open(&self.client, i, flags, created, relaxed).await?;
         let attr = file.metadata().await?;
         let fh = self.files.insert(file);
         self.open_inos.entry(i).or_default().push(fh);
@@ -875,6 +909,7 @@ impl Filesystem for TalonFs {
                 let ListedEntry {
                     name, ino: eino, ..
                 } = e;
+                s.note_shown(&attr);
                 let ttl = s.ttls.of(attr.class);
                 let full = reply.add(
                     INodeNo(eino.0),
@@ -991,6 +1026,9 @@ impl Filesystem for TalonFs {
                 if !xattr_supported(&name) {
                     return Err(posix(Errno::ENODATA, "xattr namespace not supported"));
                 }
+                if s.relaxed.contains_key(&ino(i)) {
+                    return s.client.getxattr_relaxed(ino(i), &name).await;
+                }
                 s.client.getxattr(ino(i), &name).await
             };
             match r.await {
@@ -1082,6 +1120,7 @@ impl Filesystem for TalonFs {
             };
             match r.await {
                 Ok((a, fh, fflags)) => {
+                    s.note_shown(&a);
                     let ttl = s.ttls.of(a.class);
                     reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), fflags)
                 }
