@@ -1027,7 +1027,11 @@ impl Filesystem for TalonFs {
                     return Err(posix(Errno::ENODATA, "xattr namespace not supported"));
                 }
                 if s.relaxed.contains_key(&ino(i)) {
-                    return s.client.getxattr_relaxed(ino(i), &name).await;
+                    match s.client.getxattr_relaxed(ino(i), &name).await {
+                        // A replica behind may not have the inode yet: the leader says.
+                        Err(e) if e.errno() == Errno::ENOENT => {}
+                        r => return r,
+                    }
                 }
                 s.client.getxattr(ino(i), &name).await
             };
