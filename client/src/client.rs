@@ -202,6 +202,23 @@ impl Client {
         }
     }
 
+    /// The answer of `relaxed`, a relaxed read, unless it is ENOENT: a replica behind its
+    /// leader may not have an inode or entry yet, so absence is confirmed by `strict`.
+    pub(crate) async fn absence_confirmed<T, R, S, SF>(
+        relaxed: R,
+        strict: S,
+    ) -> Result<T, TalonError>
+    where
+        R: Future<Output = Result<T, TalonError>>,
+        S: FnOnce() -> SF,
+        SF: Future<Output = Result<T, TalonError>>,
+    {
+        match relaxed.await {
+            Err(e) if e.errno() == Errno::ENOENT => strict().await,
+            r => r,
+        }
+    }
+
     /// Routes one RPC and records any epoch a `StaleEpoch` answer reveals.
     pub(crate) async fn call<T, F, Fut>(
         &self,
@@ -503,9 +520,13 @@ impl Client {
     }
 
     /// The attributes of `ino` from any replica of its home partition, possibly stale
-    /// within the cluster's staleness bound.
+    /// within the cluster's staleness bound (this client's own changes show at once); an
+    /// ENOENT is confirmed with the leader.
     pub async fn getattr_relaxed(&self, ino: Ino) -> Result<Attr, TalonError> {
-        self.rpc_getattr(ino, ReadKind::RelaxedRead, 0).await
+        Self::absence_confirmed(self.rpc_getattr(ino, ReadKind::RelaxedRead, 0), || {
+            self.getattr(ino)
+        })
+        .await
     }
 
     /// Changes the attributes named in `set`; returns the new attributes.
@@ -610,9 +631,14 @@ impl Client {
     }
 
     /// The value of xattr `name` of `ino` from any replica of its home partition, possibly
-    /// stale within the cluster's staleness bound (this client's own changes show at once).
+    /// stale within the cluster's staleness bound (this client's own changes show at once);
+    /// an ENOENT (no such inode) is confirmed with the leader.
     pub async fn getxattr_relaxed(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>, TalonError> {
-        self.rpc_getxattr(ino, name, ReadKind::RelaxedRead, 0).await
+        Self::absence_confirmed(
+            self.rpc_getxattr(ino, name, ReadKind::RelaxedRead, 0),
+            || self.getxattr(ino, name),
+        )
+        .await
     }
 
     async fn rpc_getxattr(

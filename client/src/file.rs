@@ -942,13 +942,11 @@ impl Client {
             return self.open_ino(ino, opts).await;
         }
         check_opts(&opts)?;
-        let opened = match self.rpc_open(ino, true, ReadKind::RelaxedRead).await {
-            // A replica behind may not have it yet: the leader says.
-            Err(e) if e.errno() == Errno::ENOENT => {
-                self.rpc_open(ino, true, ReadKind::StrictRead).await?
-            }
-            r => r?,
-        };
+        let opened =
+            Client::absence_confirmed(self.rpc_open(ino, true, ReadKind::RelaxedRead), || {
+                self.rpc_open(ino, true, ReadKind::StrictRead)
+            })
+            .await?;
         self.open_ino_from(ino, opened, opts).await
     }
 

@@ -82,16 +82,14 @@ impl Client {
         if let Some(hit) = self.cache().dentry(dir.ino, name) {
             return Ok(hit.attr);
         }
-        let read = match dir.class {
-            Class::Strict => ReadKind::StrictRead,
-            Class::Relaxed => ReadKind::RelaxedRead,
-        };
-        let (attr, stamp) = match self.rpc_lookup(dir.ino, dir.class, name, read, epoch).await {
-            Err(e) if read == ReadKind::RelaxedRead && e.errno() == Errno::ENOENT => {
-                self.rpc_lookup(dir.ino, dir.class, name, ReadKind::StrictRead, epoch)
-                    .await?
+        let strict = || self.rpc_lookup(dir.ino, dir.class, name, ReadKind::StrictRead, epoch);
+        let (attr, stamp) = match dir.class {
+            Class::Strict => strict().await?,
+            Class::Relaxed => {
+                let relaxed =
+                    self.rpc_lookup(dir.ino, dir.class, name, ReadKind::RelaxedRead, epoch);
+                Self::absence_confirmed(relaxed, strict).await?
             }
-            r => r?,
         };
         self.cache()
             .insert_dentry(dir.ino, dir.class, name, &attr, stamp);

@@ -34,7 +34,7 @@ use super::data::{self, OpenFile};
 use super::handles::{DirListing, HandleTable, ListedEntry};
 use crate::client::Client;
 use crate::types::{CreateSpec, RenameFlags, SetAttr, TimeSet, XattrFlags};
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 use fuser::{
     AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
@@ -83,7 +83,7 @@ pub(crate) struct Shared {
     /// Inodes last shown to the kernel as relaxed: their attributes and xattrs are read
     /// from any replica (bounded staleness; this mount's own changes show at once, see
     /// `Client::read_for`). An inode not in it is read strictly, so forgetting one is safe.
-    relaxed: DashMap<Ino, ()>,
+    relaxed: DashSet<Ino>,
 }
 
 /// Directories remembered in `dir_modes` before it is emptied and refilled on demand.
@@ -114,7 +114,7 @@ impl TalonFs {
                 open_inos: DashMap::new(),
                 strict_prefixes,
                 dir_modes: DashMap::new(),
-                relaxed: DashMap::new(),
+                relaxed: DashSet::new(),
             }),
         }
     }
@@ -238,7 +238,7 @@ impl Shared {
                 if self.relaxed.len() >= RELAXED_MAX {
                     self.relaxed.clear();
                 }
-                self.relaxed.insert(a.ino, ());
+                self.relaxed.insert(a.ino);
             }
             Class::Strict => {
                 self.relaxed.remove(&a.ino);
@@ -296,12 +296,8 @@ impl Shared {
     }
 
     async fn getattr(&self, i: Ino) -> Result<Attr, TalonError> {
-        let got = if self.relaxed.contains_key(&i) {
-            match self.client.getattr_relaxed(i).await {
-                // A replica behind may not have it yet: the leader says.
-                Err(e) if e.errno() == Errno::ENOENT => self.client.getattr(i).await,
-                r => r,
-            }
+        let got = if self.relaxed.contains(&i) {
+            self.client.getattr_relaxed(i).await
         } else {
             self.client.getattr(i).await
         };
@@ -368,7 +364,7 @@ impl Shared {
         flags: i32,
         created: Option<Attr>,
     ) -> Result<(u64, FopenFlags, Attr), TalonError> {
-        let relaxed = self.relaxed.contains_key(&i);
+        let relaxed = self.relaxed.contains(&i);
         let file = OpenFile::open(&self.client, i, flags, created, relaxed).await?;
         let attr = file.metadata().await?;
         let fh = self.files.insert(file);
@@ -1026,12 +1022,8 @@ impl Filesystem for TalonFs {
                 if !xattr_supported(&name) {
                     return Err(posix(Errno::ENODATA, "xattr namespace not supported"));
                 }
-                if s.relaxed.contains_key(&ino(i)) {
-                    match s.client.getxattr_relaxed(ino(i), &name).await {
-                        // A replica behind may not have the inode yet: the leader says.
-                        Err(e) if e.errno() == Errno::ENOENT => {}
-                        r => return r,
-                    }
+                if s.relaxed.contains(&ino(i)) {
+                    return s.client.getxattr_relaxed(ino(i), &name).await;
                 }
                 s.client.getxattr(ino(i), &name).await
             };
