@@ -32,8 +32,8 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
     /// Memtable budget of the whole node (the Raft log and every partition): unflushed
-    /// writes beyond it are flushed. Capped at half the space reserve, so that what a
-    /// restart must flush fits in the room the reserve gives back.
+    /// writes beyond it are flushed. Capped at half the space reserve (its restart share),
+    /// so that what a restart must flush fits in the room the reserve gives back.
     pub write_buffer_bytes: u64,
     /// Read cache of the whole node, in memory: blocks of every store and small-file bodies
     /// (blobs) of every partition, least recently used out first. 0: RocksDB's default
@@ -122,9 +122,10 @@ pub struct SpaceConfig {
     /// listings, unlinks, rmdirs, renames and truncates go on), and the node hands the
     /// leadership of its partitions to replicas with room.
     pub full_ratio: f64,
-    /// Bytes held back in a reserve file, released at start-up and when the disk fills, so
-    /// that the node can always open its stores, apply what is committed and delete. At
-    /// most a sixteenth of the file system is held.
+    /// Bytes held back in a reserve file, so that the node can always open its stores,
+    /// apply what is committed and delete: half of it is released when the disk fills,
+    /// the other half (the restart share) only at start-up. At most a sixteenth of the
+    /// file system is held.
     pub reserve_bytes: u64,
 }
 

@@ -476,9 +476,10 @@ impl Node {
 
     /// One look at the data file system, and what the node does about it: say so when the
     /// level changes (past nearfull, `data::gc_loop` reclaims unlinked files and deleted
-    /// bodies at once); while full, release the reserve and hand the leadership of every
-    /// replicated partition to a replica with room (`Partition::hand_over`), for a window
-    /// of a few election timeouts; below nearfull, hold the reserve again.
+    /// bodies at once); while full, release the reserve but its restart share
+    /// (`Space::keep_restart_share`) and hand the leadership of every replicated partition
+    /// to a replica with room (`Partition::hand_over`), for a window of a few election
+    /// timeouts; below nearfull, hold the whole reserve again.
     pub async fn space_round(&self) {
         let me = self.config.node_id;
         let r = match self.space.refresh() {
@@ -510,18 +511,21 @@ impl Node {
                 );
             }
         }
-        if self.space.full_since().is_some() {
-            if let Err(e) = self.space.release_reserve() {
-                tracing::error!(node = me, "release the space reserve: {e}");
-            }
-        } else if r.level == Level::Ok {
+        let full = self.space.full_since().is_some();
+        if full || r.level == Level::Ok {
             // Writing and syncing the reserve takes a second or two: not on a runtime worker.
             let space = self.space.clone();
-            let held = tokio::task::spawn_blocking(move || space.hold_reserve())
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-            if let Err(e) = held {
-                tracing::warn!(node = me, "hold the space reserve: {e}");
+            let sized = tokio::task::spawn_blocking(move || {
+                if full {
+                    space.keep_restart_share()
+                } else {
+                    space.hold_reserve()
+                }
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = sized {
+                tracing::warn!(node = me, full, "size the space reserve: {e}");
             }
         }
         for (p, part) in &self.partitions {

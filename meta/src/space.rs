@@ -11,10 +11,14 @@
 //! or released, since it is never the users'):
 //! - `Ok`, then `NearFull` past `nearfull_ratio`: the node frees what it can at once.
 //! - `Full` past `full_ratio`: new entries and data are refused with ENOSPC at the edge,
-//!   before anything is proposed; the reserve is released.
+//!   before anything is proposed; half the reserve is released.
 //! - `Critical`: less than a sliver is left, even after the release (a follower whose
 //!   leader, on another node, still accepts writes). Log appends wait for room instead of
 //!   failing inside RocksDB, which would stop the node's Raft groups.
+//!
+//! The reserve's other half, the restart share, only a start-up releases: whatever takes
+//! the room a full node gave back (its own snapshots, compactions, another process), a
+//! node that stops then still has room to replay its logs' WALs when it opens them again.
 
 use crate::config::SpaceConfig;
 use std::path::{Path, PathBuf};
@@ -149,6 +153,14 @@ fn user_free(cfg: &SpaceConfig, fs: FsSpace, held: u64) -> u64 {
 /// The reserve's size on a file system of `total` bytes.
 pub fn reserve_size(cfg: &SpaceConfig, total: u64) -> u64 {
     cfg.reserve_bytes.min(total / 16)
+}
+
+/// The share of the reserve that a running node keeps when its disk fills, for its next
+/// start-up: half of it, which is at least the node's memtable budget
+/// (`crate::tuning::Tuning::budget_for`), and so about what opening its stores replays
+/// and flushes.
+pub fn restart_share(cfg: &SpaceConfig, total: u64) -> u64 {
+    reserve_size(cfg, total) / 2
 }
 
 /// Size and free space of the file system holding `dir`.
@@ -338,18 +350,37 @@ impl Space {
         }
     }
 
-    /// Creates the reserve file if it is missing and the disk is not nearly full.
+    /// Grows the reserve file back to the whole reserve if the disk is not nearly full.
     pub fn hold_reserve(&self) -> std::io::Result<()> {
         let r = self.reading();
-        let size = reserve_size(&self.cfg, r.fs.total);
-        if r.held > 0 || size == 0 || r.level != Level::Ok {
+        if r.level != Level::Ok {
             return Ok(());
         }
-        // The file is written before it counts, so a reading taken meanwhile sees its
-        // blocks as used: the level can only look worse for a moment, never better.
+        self.grow_reserve(reserve_size(&self.cfg, r.fs.total))
+    }
+
+    /// Grows the reserve file to `size` bytes if it holds less. The bytes are written
+    /// before they count, so a reading taken meanwhile sees them as used: the level can
+    /// only look worse for a moment, never better. A write that fails leaves the file as
+    /// it was.
+    fn grow_reserve(&self, size: u64) -> std::io::Result<()> {
+        let held = self.reading().held;
+        if held >= size {
+            return Ok(());
+        }
         let path = self.dir.join(RESERVE_FILE);
-        if let Err(e) = write_reserve(&path, size) {
-            let _ = std::fs::remove_file(&path);
+        if let Err(e) = append_zeros(&path, held, size) {
+            let undone = if held == 0 {
+                std::fs::remove_file(&path)
+            } else {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(held))
+            };
+            if let Err(u) = undone {
+                tracing::warn!("shrink the space reserve back after a failed write: {u}");
+            }
             return Err(e);
         }
         self.lock().reading.held = size;
@@ -357,27 +388,50 @@ impl Space {
         Ok(())
     }
 
-    /// Deletes the reserve file, giving its room to the node's own writes.
-    pub fn release_reserve(&self) -> std::io::Result<()> {
-        if self.reading().held == 0 {
+    /// Sizes the reserve file to the restart share while the disk counts as full.
+    /// Shrinks it, giving the rest of its room to the node's own writes (applying,
+    /// deleting); or grows it back after a start-up on a full disk, when the disk can take
+    /// it without going below the critical floor: what the start-up replayed has been
+    /// flushed and its WALs deleted, which gave back about the room the share took, and a
+    /// second stop must find the share in place.
+    pub fn keep_restart_share(&self) -> std::io::Result<()> {
+        let r = self.reading();
+        let keep = restart_share(&self.cfg, r.fs.total);
+        if r.held < keep {
+            let floor = Floors::of(&self.cfg, r.fs.total).critical;
+            if r.fs.avail >= floor.saturating_add(keep - r.held) {
+                self.grow_reserve(keep)?;
+            }
             return Ok(());
         }
-        match std::fs::remove_file(self.dir.join(RESERVE_FILE)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        if r.held == keep {
+            return Ok(());
         }
-        self.lock().reading.held = 0;
+        let path = self.dir.join(RESERVE_FILE);
+        let kept = match std::fs::OpenOptions::new().write(true).open(&path) {
+            Ok(f) => f.set_len(keep).and_then(|()| f.sync_all()).map(|()| keep),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }?;
+        self.lock().reading.held = kept;
+        tracing::info!(kept, "released the space reserve but its restart share");
         Ok(())
     }
 }
 
-/// Writes `size` bytes of zeros to `path` and syncs them: allocated blocks, not a hole.
-fn write_reserve(path: &Path, size: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+/// Writes zeros to `path` from byte `from` to byte `to` and syncs them: allocated blocks,
+/// not a hole. The file is created if missing.
+fn append_zeros(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    f.set_len(from)?;
+    f.seek(std::io::SeekFrom::Start(from))?;
     let zeros = vec![0u8; 1 << 20];
-    let mut left = size;
+    let mut left = to.saturating_sub(from);
     while left > 0 {
         let n = left.min(zeros.len() as u64) as usize;
         f.write_all(&zeros[..n])?;
@@ -475,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn open_releases_and_hold_recreates_the_reserve() {
+    fn open_releases_all_and_a_full_disk_half_of_the_reserve() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join(RESERVE_FILE), b"old").expect("write");
         let small = SpaceConfig {
@@ -483,15 +537,25 @@ mod tests {
             nearfull_ratio: 1.0,
             full_ratio: 1.0,
         };
-        let s = Space::open(dir.path(), small).expect("open");
+        let s = Space::open(dir.path(), small.clone()).expect("open");
         assert!(!dir.path().join(RESERVE_FILE).exists());
         s.refresh().expect("refresh");
         s.hold_reserve().expect("hold");
-        let len = std::fs::metadata(dir.path().join(RESERVE_FILE))
-            .map(|m| m.len())
-            .unwrap_or(0);
-        assert_eq!(len, MIB);
-        s.release_reserve().expect("release");
+        let len = || {
+            std::fs::metadata(dir.path().join(RESERVE_FILE))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        };
+        assert_eq!(len(), MIB);
+        s.keep_restart_share().expect("release");
+        assert_eq!(len(), MIB / 2, "the restart share stays");
+        s.hold_reserve().expect("hold again");
+        assert_eq!(len(), MIB);
+        drop(s);
+        let s = Space::open(dir.path(), small).expect("open again");
         assert!(!dir.path().join(RESERVE_FILE).exists());
+        s.refresh().expect("refresh");
+        s.keep_restart_share().expect("hold the share");
+        assert_eq!(len(), MIB / 2);
     }
 }

@@ -191,3 +191,102 @@ async fn a_failed_partition_store_hands_over_and_recovers() {
     }
     cluster.shutdown().await;
 }
+
+/// Appends to `path` until the file system holding it has no byte left: another writer
+/// taking every block the node does not hold.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open the filler");
+    for chunk in [1 << 20, 4096, 512] {
+        let zeros = vec![1u8; chunk];
+        while f.write_all(&zeros).is_ok() {}
+    }
+    let _ = f.sync_all();
+}
+
+/// A node whose disk filled up stops (a crash, or an operator's restart) after the room
+/// its reserve gave back was taken by another writer, and must open its stores again on
+/// that same full disk: what the start-up replays from its logs needs room, and the
+/// reserve keeps a share for it that only a start-up releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_restarts_on_a_disk_left_full() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    const PARTITIONS: u32 = 2;
+    const FILES: usize = 10;
+    let fs = SmallFs::mount(128 << 20).expect("mount a small tmpfs");
+    let mut cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(PARTITIONS)
+        .replication(3)
+        .data_dir(3, fs.path.join("node3"))
+        .node_space(3, SpaceConfig::default())
+        .start()
+        .await
+        .expect("cluster");
+    let node3 = cluster.node(3).expect("node 3").node.clone();
+    let reserve = eventually(
+        Duration::from_secs(20),
+        "node 3 to hold its reserve",
+        || {
+            let held = node3.space.reading().held;
+            async move { (held > 0).then_some(held) }
+        },
+    )
+    .await;
+
+    // Writes that node 3 holds in its logs' WALs, unflushed, when it stops.
+    let c = client_with_dir(&cluster).await;
+    for i in 0..FILES {
+        c.write_file(format!("/d/f{i:02}"), &body(i))
+            .await
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+    }
+    caught_up(&cluster, 3, PARTITIONS).await;
+
+    // Another writer fills the disk; node 3 sees it full and releases what it may of its
+    // reserve, and the writer takes that room too.
+    let filler = fs.path.join("filler");
+    fill(&filler);
+    let held = eventually(
+        Duration::from_secs(20),
+        "node 3 to release its reserve",
+        || {
+            let held = node3.space.reading().held;
+            async move { (held < reserve).then_some(held) }
+        },
+    )
+    .await;
+    fill(&filler);
+    assert!(
+        held > 0,
+        "node 3 keeps a share of its reserve for a start-up: held {held} of {reserve}"
+    );
+    drop(node3);
+
+    cluster.stop_node(3).await;
+    cluster
+        .restart_node(3)
+        .await
+        .expect("node 3 opens its stores on the full disk");
+
+    // Room again: node 3 catches up, and with node 1 stopped the files are all there.
+    std::fs::remove_file(&filler).expect("remove the filler");
+    caught_up(&cluster, 3, PARTITIONS).await;
+    cluster.stop_node(1).await;
+    for i in 0..FILES {
+        let got = c
+            .read_file(format!("/d/f{i:02}"))
+            .await
+            .unwrap_or_else(|e| panic!("read {i} from nodes 2 and 3: {e}"));
+        assert!(got == body(i), "file {i} reads back whole");
+    }
+    cluster.shutdown().await;
+    drop(fs);
+}
