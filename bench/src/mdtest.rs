@@ -27,13 +27,14 @@
 //! not fatal, as mdtest warns and goes on; the command exits non-zero at the end if any
 //! failed.
 
-use crate::stats::Spread;
+use crate::stats::{Latency, LatencySummary, Spread};
 use crate::target::{self, Fs, TargetSpec};
 use crate::tasks::{self, TaskOutcome, Ticker};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Flags of `talon-bench mdtest`, spelled as IOR mdtest spells them.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
@@ -519,6 +520,8 @@ pub struct PhaseResult {
     pub rate: f64,
     /// Each task's own time in seconds, by rank.
     pub task_seconds: Vec<f64>,
+    /// Time of one call, over all tasks.
+    pub latency: LatencySummary,
     /// The first failure, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
@@ -543,6 +546,8 @@ pub struct SummaryRow {
     /// Rate (ops/s) over the iterations.
     #[serde(flatten)]
     pub rate: Spread,
+    /// Time of one call, over all tasks and iterations.
+    pub latency: LatencySummary,
 }
 
 /// A whole run's report, printed as mdtest's table or written as JSON.
@@ -615,6 +620,23 @@ impl MdtestReport {
                 r.max, r.min, r.mean, r.stddev
             ));
         }
+        s.push_str(&format!(
+            "\nLatency per call (in ms): (of {} iterations, every task)\n",
+            self.iterations.len()
+        ));
+        s.push_str(
+            "   Operation                     p50            p99          p99.9            Max\n",
+        );
+        s.push_str(
+            "   ---------                     ---            ---          -----            ---\n",
+        );
+        for row in self.summary.iter().filter(|r| r.ran) {
+            let l = &row.latency;
+            s.push_str(&format!(
+                "   {:<22} {:14.3} {:14.3} {:14.3} {:14.3}\n",
+                row.phase, l.p50_ms, l.p99_ms, l.p999_ms, l.max_ms
+            ));
+        }
         if self.errors > 0 {
             s.push_str(&format!("\nWARNING: {} operations failed\n", self.errors));
         }
@@ -637,8 +659,16 @@ pub fn run(args: &MdtestArgs) -> anyhow::Result<MdtestReport> {
             .with_context(|| format!("make the test directory {top}"))?;
     }
     let mut iterations = Vec::new();
+    let mut latencies: Vec<(&'static str, Latency)> = Vec::new();
     for iteration in 0..plan.iterations {
-        let phases = run_iteration(&plan, &fs, &top, iteration, args.quiet)?;
+        let mut phases = Vec::new();
+        for (result, latency) in run_iteration(&plan, &fs, &top, iteration, args.quiet)? {
+            match latencies.iter_mut().find(|(name, _)| *name == result.phase) {
+                Some((_, all)) => all.merge(&latency),
+                None => latencies.push((result.phase, latency)),
+            }
+            phases.push(result);
+        }
         iterations.push(IterationResult { iteration, phases });
     }
     if made_top && plan.remove {
@@ -658,6 +688,11 @@ pub fn run(args: &MdtestArgs) -> anyhow::Result<MdtestReport> {
                 phase: phase.name(),
                 ran: !rates.is_empty(),
                 rate: Spread::of(&rates),
+                latency: latencies
+                    .iter()
+                    .find(|(name, _)| *name == phase.name())
+                    .map(|(_, l)| l.summary())
+                    .unwrap_or_default(),
             }
         })
         .collect();
@@ -690,13 +725,14 @@ fn run_iteration(
     top: &str,
     iteration: u32,
     quiet: bool,
-) -> anyhow::Result<Vec<PhaseResult>> {
+) -> anyhow::Result<Vec<(PhaseResult, Latency)>> {
     let idir = format!("{top}/test-dir.{iteration}-0");
     if plan.create && !fs.exists(&idir) {
         fs.mkdir(&idir)
             .with_context(|| format!("make the iteration directory {idir}"))?;
     }
     let mut results = Vec::new();
+    let mut latencies = Vec::new();
     for phase in plan.phases() {
         let bar = tasks::progress(phase.name(), plan.calls(phase), quiet);
         let run = tasks::run_phase(plan.tasks, |rank| {
@@ -706,6 +742,10 @@ fn run_iteration(
         bar.finish_and_clear();
         let seconds = run.wall.as_secs_f64().max(1e-9);
         let ops = plan.counted_ops(phase);
+        let mut latency = Latency::new();
+        for (o, _) in &run.tasks {
+            latency.merge(&o.latency);
+        }
         results.push(PhaseResult {
             phase: phase.name(),
             ops,
@@ -714,14 +754,16 @@ fn run_iteration(
             seconds,
             rate: ops as f64 / seconds,
             task_seconds: run.tasks.iter().map(|(_, d)| d.as_secs_f64()).collect(),
+            latency: latency.summary(),
             first_error: run.tasks.iter().find_map(|(o, _)| o.first_error.clone()),
         });
+        latencies.push(latency);
     }
     if plan.remove && fs.exists(&idir) {
         fs.rmdir(&idir)
             .with_context(|| format!("remove the iteration directory {idir}"))?;
     }
-    Ok(results)
+    Ok(results.into_iter().zip(latencies).collect())
 }
 
 /// One task's share of one phase.
@@ -747,12 +789,13 @@ fn run_task(
             };
             for d in dirs {
                 let path = format!("{idir}/{}", plan.tree_dir(&base, d));
+                let started = Instant::now();
                 let r = if phase == Phase::TreeCreate {
                     fs.mkdir(&path)
                 } else {
                     fs.rmdir(&path)
                 };
-                out.note(&path, r);
+                out.note_since(&path, started, r);
                 ticker.tick();
             }
         }
@@ -768,8 +811,9 @@ fn run_task(
                 } else if i == plan.items - 1 {
                     item = first.clone();
                 }
+                let started = Instant::now();
                 let r = fs.rename(&item, &last);
-                out.note(&item, r);
+                out.note_since(&item, started, r);
                 last = item;
                 ticker.tick();
             }
@@ -799,6 +843,7 @@ fn run_task(
                 path.clear();
                 path.push_str(&prefix);
                 path.push_str(&i.to_string());
+                let started = Instant::now();
                 let r = match phase {
                     Phase::DirCreate => fs.mkdir(&path),
                     Phase::DirStat | Phase::FileStat => fs.stat(&path).map(|_| ()),
@@ -813,7 +858,7 @@ fn run_task(
                     },
                     _ => fs.unlink(&path),
                 };
-                out.note(&path, r);
+                out.note_since(&path, started, r);
                 ticker.tick();
             }
         }

@@ -9,6 +9,7 @@
 //! Tasks share nothing but the target and a progress counter that they bump in batches, so
 //! the harness adds no lock or allocation per operation.
 
+use crate::stats::Latency;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -22,6 +23,8 @@ pub struct TaskOutcome {
     pub errors: u64,
     /// The first failure, as `path: error`.
     pub first_error: Option<String>,
+    /// Time of each operation noted with [`TaskOutcome::note_since`].
+    pub latency: Latency,
 }
 
 impl TaskOutcome {
@@ -38,6 +41,17 @@ impl TaskOutcome {
                 None
             }
         }
+    }
+
+    /// Counts one operation begun at `started` and its result, and records its time.
+    pub fn note_since<T, E: std::fmt::Display>(
+        &mut self,
+        what: &str,
+        started: Instant,
+        r: Result<T, E>,
+    ) -> Option<T> {
+        self.latency.record(started.elapsed());
+        self.note(what, r)
     }
 }
 

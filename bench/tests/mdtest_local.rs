@@ -120,7 +120,18 @@ fn a_full_run_cleans_up_and_counts_every_phase() {
             let want = if p.phase.starts_with("Tree") { 1 } else { 16 };
             assert_eq!((p.ops, p.calls), (want, want), "{}", p.phase);
             assert!(p.rate > 0.0 && p.seconds > 0.0);
+            assert_eq!(p.latency.count, p.calls, "every call is timed: {}", p.phase);
+            assert!(p.latency.p50_ms <= p.latency.max_ms, "{}", p.phase);
         }
+    }
+    for row in &report.summary {
+        assert!(row.ran, "{}", row.phase);
+        let calls = if row.phase.starts_with("Tree") { 2 } else { 32 };
+        assert_eq!(
+            row.latency.count, calls,
+            "{} over both iterations",
+            row.phase
+        );
     }
     assert_eq!(count(tmp.path()), (0, 0), "everything removed");
     let table = report.table();
@@ -129,6 +140,10 @@ fn a_full_run_cleans_up_and_counts_every_phase() {
         "{table}"
     );
     assert!(table.contains("   File creation      "), "{table}");
+    assert!(
+        table.contains("Latency per call (in ms): (of 2 iterations, every task)"),
+        "{table}"
+    );
     assert!(table.contains("Command line used: talon-bench mdtest --tasks 2 -n 8 -i 2 -d run"));
 }
 
