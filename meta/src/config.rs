@@ -32,8 +32,9 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
     /// Memtable budget of the whole node (the Raft log and every partition): unflushed
-    /// writes beyond it are flushed. Capped at half the space reserve (its restart share),
-    /// so that what a restart must flush fits in the room the reserve gives back.
+    /// writes beyond it are flushed. Capped at a quarter of the space reserve (half its
+    /// restart share), so that what a restart must flush fits in the room the reserve
+    /// gives back.
     pub write_buffer_bytes: u64,
     /// Read cache of the whole node, in memory: blocks of every store and small-file bodies
     /// (blobs) of every partition, least recently used out first. 0: RocksDB's default
@@ -44,7 +45,7 @@ pub struct StorageConfig {
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
-            write_buffer_bytes: 128 << 20,
+            write_buffer_bytes: 64 << 20,
             cache_bytes: 256 << 20,
         }
     }

@@ -400,7 +400,10 @@ impl Node {
     }
 
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
-    /// all while the data file system is nearly full.
+    /// all while the data file system is nearly full. A compaction rewrites the store's
+    /// files before it deletes the old ones, so it waits for a later round while the disk
+    /// has no room for a copy beside the critical floor: one run on a full disk filled it
+    /// to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.space.level() >= crate::space::Level::NearFull;
         for part in self.partitions.values() {
@@ -408,6 +411,13 @@ impl Node {
             if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
                 continue;
             }
+            let _claim = match self.space.claim(part.store.disk_bytes()) {
+                Ok(c) => c,
+                Err(why) => {
+                    tracing::warn!(partition = part.id, "compaction deferred: {why}");
+                    continue;
+                }
+            };
             let store = part.store.clone();
             let _ = tokio::task::spawn_blocking(move || store.compact()).await;
         }

@@ -164,7 +164,7 @@ impl Node {
         let tasks = TaskTracker::new();
         let cluster_map = serde_json::to_vec(&config.cluster)
             .map_err(|e| StartError::Storage(format!("encode cluster map: {e}")))?;
-        let mut partitions = HashMap::new();
+        let mut stores = Vec::new();
         for p in 0..config.cluster.partitions {
             if !config.replicas(p).contains(&me) {
                 continue;
@@ -179,6 +179,22 @@ impl Node {
             if p == 0 {
                 check_cluster_map(&store, &config.cluster)?;
             }
+            store.watch_space(space.clone());
+            stores.push((p, store));
+        }
+        // Every store is open, its WAL replayed and flushed: the restart share goes back in
+        // place before any Raft group can write, so that a node that stops again finds it.
+        let held = {
+            let space = space.clone();
+            tokio::task::spawn_blocking(move || space.hold_restart_share())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        };
+        if let Err(e) = held {
+            tracing::warn!(node = me, "hold the space reserve's restart share: {e}");
+        }
+        let mut partitions = HashMap::new();
+        for (p, store) in stores {
             let raft = Raft::new(
                 me,
                 rc.clone(),

@@ -665,6 +665,14 @@ impl RaftSvc for RaftApi {
         let r = r.into_inner();
         let part = self.raft(r.partition)?;
         let req: InstallSnapshotRequest<TypeConfig> = decode(&r)?;
+        // A received snapshot is kept as it came and unpacked beside it: twice its bytes.
+        // Refused, the chunk is sent again later.
+        if let Err(why) = self.node.space.has_room(2 * req.data.len() as u64) {
+            return Err(Status::resource_exhausted(format!(
+                "node {}, partition {}, snapshot chunk: {why}",
+                self.node.config.node_id, r.partition
+            )));
+        }
         reply(part.raft.install_snapshot(req).await)
     }
 

@@ -84,6 +84,9 @@ pub struct SmStore {
     fail_writes: std::sync::atomic::AtomicBool,
     /// How far the stored snapshot reaches; the partition's log is never purged past it.
     mark: Arc<SnapshotMark>,
+    /// The node's data file system, once the node watches it: a snapshot is built only
+    /// when its copy leaves the critical floor free.
+    space: std::sync::OnceLock<Arc<crate::space::Space>>,
 }
 
 impl std::fmt::Debug for SmStore {
@@ -223,8 +226,14 @@ impl SmStore {
             deletes: std::sync::atomic::AtomicU64::new(0),
             tuning,
             fail_writes: std::sync::atomic::AtomicBool::new(false),
+            space: std::sync::OnceLock::new(),
             mark,
         }))
+    }
+
+    /// Builds snapshots only when `space` has room for their copy (see [`build_snapshot`]).
+    pub fn watch_space(&self, space: Arc<crate::space::Space>) {
+        let _ = self.space.set(space);
     }
 
     /// Fault injection for tests of storage failures: while `on`, every apply on this
@@ -365,10 +374,35 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// Builds a snapshot: a RocksDB checkpoint of the live instance (hard links), packed
+/// into one data file. The pack is a full copy, so on a disk without room for it (the
+/// critical floor kept free, see `crate::space`) the replica keeps its stored snapshot
+/// and tries again at the next policy trigger: openraft ignores a snapshot no newer than
+/// the one it has. A build that would fill the disk failed the partition before, and left
+/// no room for the node's next start-up. Only a replica without any snapshot builds
+/// regardless.
 fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError> {
     let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
     let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
     let db = store.db();
+    // The pack's size is about the live files', held for the build so that partitions
+    // building at once do not each count the same free bytes.
+    let _claim = match store.space.get() {
+        None => None,
+        Some(space) => match space.claim(store.disk_bytes()) {
+            Ok(c) => Some(c),
+            Err(why) => match stored_snapshot(store).map_err(werr)? {
+                Some(kept) => {
+                    tracing::warn!(
+                        partition = store.partition,
+                        "snapshot not built, the stored one is kept: {why}"
+                    );
+                    return Ok(kept);
+                }
+                None => None,
+            },
+        },
+    };
     let cp_dir = store
         .dir
         .join(format!("checkpoint-{}", rand::random::<u64>()));
@@ -388,6 +422,15 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         })();
         if let Err(e) = packed {
             let _ = std::fs::remove_file(&data_path);
+            if e.kind() == std::io::ErrorKind::StorageFull {
+                if let Some(kept) = stored_snapshot(store)? {
+                    tracing::warn!(
+                        partition = store.partition,
+                        "snapshot not built, the stored one is kept: {e}"
+                    );
+                    return Ok(kept);
+                }
+            }
             return Err(Fatal::Corrupt(format!("pack the snapshot: {e}")));
         }
         let snapshot_id = match applied {
@@ -422,6 +465,20 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     })();
     let _ = std::fs::remove_dir_all(&cp_dir);
     result.map_err(werr)
+}
+
+/// The replica's stored snapshot, if it has one.
+fn stored_snapshot(store: &SmStore) -> Result<Option<Snapshot<TypeConfig>>, Fatal> {
+    let bytes = match std::fs::read(store.snapshot_file()) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot record: {e}"))),
+    };
+    let s: StoredSnapshot = dec(&bytes, "snapshot")?;
+    Ok(Some(Snapshot {
+        meta: s.meta,
+        snapshot: open_data(&store.dir.join(&s.data_file))?,
+    }))
 }
 
 impl RaftStateMachine<TypeConfig> for PartitionSm {
@@ -541,18 +598,8 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let path = self.store.snapshot_file();
-        let rerr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e)),
-        };
-        let s: StoredSnapshot = dec(&bytes, "snapshot").map_err(rerr)?;
-        Ok(Some(Snapshot {
-            meta: s.meta,
-            snapshot: open_data(&self.store.dir.join(&s.data_file)).map_err(rerr)?,
-        }))
+        stored_snapshot(&self.store)
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))
     }
 }
 

@@ -105,9 +105,9 @@ pub struct Floors {
 }
 
 impl Floors {
-    /// The floors of a file system of `total` bytes. Critical: half the reserve (the
-    /// node's memtable budget is at most that, see `crate::tuning`, and flushing it needs
-    /// about as much disk) plus 1 MiB, at least 3 MiB, at most 1/8 of the disk.
+    /// The floors of a file system of `total` bytes. Critical: half the reserve (twice the
+    /// node's memtable budget at most, see `crate::tuning`; flushing it needs about as
+    /// much disk as the budget) plus 1 MiB, at least 3 MiB, at most 1/8 of the disk.
     pub fn of(cfg: &SpaceConfig, total: u64) -> Floors {
         let critical = ((reserve_size(cfg, total) / 2).max(2 << 20) + (1 << 20)).min(total / 8);
         let ratio = |r: f64| (total as f64 * (1.0 - r)) as u64;
@@ -156,9 +156,9 @@ pub fn reserve_size(cfg: &SpaceConfig, total: u64) -> u64 {
 }
 
 /// The share of the reserve that a running node keeps when its disk fills, for its next
-/// start-up: half of it, which is at least the node's memtable budget
-/// (`crate::tuning::Tuning::budget_for`), and so about what opening its stores replays
-/// and flushes.
+/// start-up: half of it, which is at least twice the node's memtable budget
+/// (`crate::tuning::Tuning::budget_for`), and so more than what opening its stores
+/// replays and flushes.
 pub fn restart_share(cfg: &SpaceConfig, total: u64) -> u64 {
     reserve_size(cfg, total) / 2
 }
@@ -179,6 +179,23 @@ struct State {
     at: Instant,
     announced: Level,
     full_since: Option<Instant>,
+    /// Bytes that background writes under way (snapshot builds) have claimed and not yet
+    /// written, or not yet given back.
+    claimed: u64,
+}
+
+/// Room claimed on the disk for a background write under way, given back when dropped.
+#[derive(Debug)]
+pub struct Claim<'a> {
+    space: &'a Space,
+    bytes: u64,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut g = self.space.lock();
+        g.claimed = g.claimed.saturating_sub(self.bytes);
+    }
 }
 
 /// The space of one node's data directory.
@@ -218,6 +235,7 @@ impl Space {
                 },
                 at: Instant::now(),
                 announced: Level::Ok,
+                claimed: 0,
                 full_since: (level >= Level::Full).then(Instant::now),
             }),
         })
@@ -308,6 +326,35 @@ impl Space {
         ))
     }
 
+    /// Whether the node's own background writes (snapshots it builds or receives) may add
+    /// `bytes` to the disk and still leave the critical floor free, as log appends do,
+    /// counting what other background writes under way have claimed. A node on a nearly
+    /// full disk took in and built snapshots regardless before, which filled it to the
+    /// last byte, failed its next write and left nothing for its next start-up. The error
+    /// says why.
+    pub fn has_room(&self, bytes: u64) -> Result<(), String> {
+        self.claim(bytes).map(drop)
+    }
+
+    /// As [`Space::has_room`], and holds `bytes` for the caller until the claim is dropped,
+    /// so that concurrent background writes (snapshot builds of several partitions) do
+    /// not each count the same free bytes.
+    pub fn claim(&self, bytes: u64) -> Result<Claim<'_>, String> {
+        let r = self.fresh();
+        let floor = Floors::of(&self.cfg, r.fs.total).critical;
+        let mut g = self.lock();
+        let need = floor.saturating_add(bytes).saturating_add(g.claimed);
+        if r.fs.total != 0 && r.fs.avail < need {
+            return Err(format!(
+                "no room for {bytes} more bytes: {} bytes free, {} claimed by other \
+                 snapshots under way, and the node leaves {floor} free",
+                r.fs.avail, g.claimed
+            ));
+        }
+        g.claimed = g.claimed.saturating_add(bytes);
+        Ok(Claim { space: self, bytes })
+    }
+
     /// The last reading, taken again first if older than [`FRESH`].
     fn fresh(&self) -> Reading {
         if self.lock().at.elapsed() <= FRESH {
@@ -388,21 +435,43 @@ impl Space {
         Ok(())
     }
 
+    /// Holds the restart share again once a start-up has opened the stores, if the disk
+    /// can take it and still leave the critical floor free: opening replayed each WAL
+    /// into table files and then deleted it, which gave back about the room the share had
+    /// made. Holding it before the node writes anything else keeps it for the next
+    /// start-up. A disk that cannot take it is full of the node's own data, and only room
+    /// made by an operator lets such a node start again after a stop; holding the share
+    /// anyway left the Raft groups starting after it without room for their first write.
+    pub fn hold_restart_share(&self) -> std::io::Result<()> {
+        let r = self.refresh()?;
+        let keep = restart_share(&self.cfg, r.fs.total);
+        let floor = Floors::of(&self.cfg, r.fs.total).critical;
+        let need = keep.saturating_sub(r.held).saturating_add(floor);
+        if r.fs.avail < need {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "{} bytes free, the share is {keep} and the critical floor {floor}",
+                    r.fs.avail
+                ),
+            ));
+        }
+        self.grow_reserve(keep)
+    }
+
     /// Sizes the reserve file to the restart share while the disk counts as full.
     /// Shrinks it, giving the rest of its room to the node's own writes (applying,
-    /// deleting); or grows it back after a start-up on a full disk, when the disk can take
-    /// it without going below the critical floor: what the start-up replayed has been
-    /// flushed and its WALs deleted, which gave back about the room the share took, and a
-    /// second stop must find the share in place.
+    /// deleting); or grows it back when a start-up could not (see
+    /// [`Space::hold_restart_share`]) and the disk has room again.
     pub fn keep_restart_share(&self) -> std::io::Result<()> {
         let r = self.reading();
         let keep = restart_share(&self.cfg, r.fs.total);
         if r.held < keep {
-            let floor = Floors::of(&self.cfg, r.fs.total).critical;
-            if r.fs.avail >= floor.saturating_add(keep - r.held) {
-                self.grow_reserve(keep)?;
-            }
-            return Ok(());
+            // Not yet held again since a start-up on a full disk: only with room to spare.
+            return match self.hold_restart_share() {
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => Ok(()),
+                other => other,
+            };
         }
         if r.held == keep {
             return Ok(());
@@ -529,6 +598,34 @@ mod tests {
     }
 
     #[test]
+    fn claims_do_not_count_the_same_free_bytes_twice() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Space::open(
+            dir.path(),
+            SpaceConfig {
+                reserve_bytes: MIB,
+                nearfull_ratio: 1.0,
+                full_ratio: 1.0,
+            },
+        )
+        .expect("open");
+        let avail = s.refresh().expect("refresh").fs.avail;
+        assert!(s.has_room(avail.saturating_mul(2)).is_err());
+        // The critical floor is a few MiB here: 60 % of the free space fits once, not twice.
+        let most = avail / 10 * 6;
+        let first = s.claim(most).expect("room for the first claim");
+        assert!(
+            s.claim(most).is_err(),
+            "the same bytes are not claimed twice"
+        );
+        drop(first);
+        assert!(
+            s.claim(most).is_ok(),
+            "a dropped claim gives its bytes back"
+        );
+    }
+
+    #[test]
     fn open_releases_all_and_a_full_disk_half_of_the_reserve() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join(RESERVE_FILE), b"old").expect("write");
@@ -554,8 +651,7 @@ mod tests {
         drop(s);
         let s = Space::open(dir.path(), small).expect("open again");
         assert!(!dir.path().join(RESERVE_FILE).exists());
-        s.refresh().expect("refresh");
-        s.keep_restart_share().expect("hold the share");
+        s.hold_restart_share().expect("hold the share");
         assert_eq!(len(), MIB / 2);
     }
 }

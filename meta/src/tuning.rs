@@ -62,13 +62,16 @@ impl Tuning {
         self
     }
 
-    /// The memtable budget of a node: `configured`, but no more than half of a non-zero
-    /// `reserve` (at least 2 MiB), so what must be flushed at start-up fits in it.
+    /// The memtable budget of a node: `configured`, but no more than a quarter of a
+    /// non-zero `reserve` (at least 2 MiB): half of the restart share that a full node
+    /// keeps (`crate::space::restart_share`), so what must be flushed at start-up fits in
+    /// it with room to spare for what else opening writes (table, blob and manifest files
+    /// of every store, memtables that filled while others flushed).
     pub fn budget_for(configured: u64, reserve: u64) -> u64 {
         if reserve == 0 {
             return configured;
         }
-        configured.min((reserve / 2).max(2 * MIN_WRITE_BUFFER as u64))
+        configured.min((reserve / 4).max(2 * MIN_WRITE_BUFFER as u64))
     }
 
     /// Sets `o`'s memtable size and budget, its bloom filters and its block cache.
@@ -108,8 +111,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_budget_fits_in_half_the_reserve() {
-        assert_eq!(Tuning::budget_for(128 << 20, 256 << 20), 128 << 20);
+    fn the_budget_fits_in_half_the_restart_share() {
+        assert_eq!(Tuning::budget_for(64 << 20, 256 << 20), 64 << 20);
+        assert_eq!(Tuning::budget_for(128 << 20, 256 << 20), 64 << 20);
+        assert_eq!(Tuning::budget_for(128 << 20, 16 << 20), 4 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 4 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 1 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 0), 128 << 20);

@@ -231,12 +231,14 @@ async fn a_node_restarts_on_a_disk_left_full() {
         .await
         .expect("cluster");
     let node3 = cluster.node(3).expect("node 3").node.clone();
+    // A start-up holds the restart share at once, the space loop the rest soon after.
     let reserve = eventually(
         Duration::from_secs(20),
         "node 3 to hold its reserve",
         || {
-            let held = node3.space.reading().held;
-            async move { (held > 0).then_some(held) }
+            let r = node3.space.reading();
+            let whole = talon_meta::space::reserve_size(&SpaceConfig::default(), r.fs.total);
+            async move { (r.held == whole && whole > 0).then_some(whole) }
         },
     )
     .await;
@@ -265,8 +267,13 @@ async fn a_node_restarts_on_a_disk_left_full() {
     .await;
     fill(&filler);
     assert!(
-        held > 0,
-        "node 3 keeps a share of its reserve for a start-up: held {held} of {reserve}"
+        node3.space.has_room(1 << 20).is_err(),
+        "node 3 takes in no snapshot on a full disk"
+    );
+    assert_eq!(
+        held,
+        reserve / 2,
+        "node 3 keeps half its reserve for a start-up"
     );
     drop(node3);
 
