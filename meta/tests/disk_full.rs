@@ -44,6 +44,46 @@ async fn caught_up(cluster: &TestCluster, id: u64, partitions: u32) {
     }
 }
 
+/// A 3-node cluster, R = 3, whose node 3 keeps its data on a tmpfs of `bytes` with the
+/// default space thresholds and reserve. `RUST_LOG=warn` shows what the nodes say about
+/// their disks.
+async fn node3_on_a_small_disk(bytes: u64, partitions: u32) -> (SmallFs, TestCluster) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let fs = SmallFs::mount(bytes).expect("mount a small tmpfs");
+    let cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(partitions)
+        .replication(3)
+        .data_dir(3, fs.path.join("node3"))
+        .node_space(3, SpaceConfig::default())
+        .start()
+        .await
+        .expect("cluster");
+    (fs, cluster)
+}
+
+/// Node 3 catches up, and with node 1 stopped files `/d/f{i:04}` for `i < files` read back
+/// whole from nodes 2 and 3.
+async fn files_read_back_from_nodes_2_and_3(
+    cluster: &mut TestCluster,
+    c: &talon_client::Client,
+    partitions: u32,
+    files: usize,
+) {
+    caught_up(cluster, 3, partitions).await;
+    cluster.stop_node(1).await;
+    for i in 0..files {
+        let got = c
+            .read_file(format!("/d/f{i:04}"))
+            .await
+            .unwrap_or_else(|e| panic!("read {i} from nodes 2 and 3: {e}"));
+        assert!(got == body(i), "file {i} reads back whole");
+    }
+}
+
 /// A client of `cluster` and the directory `/d` the tests write in.
 async fn client_with_dir(cluster: &TestCluster) -> talon_client::Client {
     let c = common::client(&cluster.addrs()).await;
@@ -55,23 +95,9 @@ async fn client_with_dir(cluster: &TestCluster) -> talon_client::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_full_node_does_not_stop_the_cluster() {
-    // `RUST_LOG=warn` shows what the nodes say about their disks.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
     const PARTITIONS: u32 = 4;
     const FILES: usize = 250;
-    let fs = SmallFs::mount(48 << 20).expect("mount a small tmpfs");
-    let mut cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(PARTITIONS)
-        .replication(3)
-        .data_dir(3, fs.path.join("node3"))
-        .node_space(3, SpaceConfig::default())
-        .start()
-        .await
-        .expect("cluster");
+    let (fs, mut cluster) = node3_on_a_small_disk(48 << 20, PARTITIONS).await;
     let c = client_with_dir(&cluster).await;
 
     // 50 MB, stored twice on every replica until a snapshot: more than node 3 holds.
@@ -106,15 +132,7 @@ async fn one_full_node_does_not_stop_the_cluster() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.stop_node(3).await;
     cluster.restart_node(3).await.expect("restart node 3");
-    caught_up(&cluster, 3, PARTITIONS).await;
-    cluster.stop_node(1).await;
-    for i in 0..FILES {
-        let got = c
-            .read_file(format!("/d/f{i:04}"))
-            .await
-            .unwrap_or_else(|e| panic!("read {i} from nodes 2 and 3: {e}"));
-        assert!(got == body(i), "file {i} reads back whole");
-    }
+    files_read_back_from_nodes_2_and_3(&mut cluster, &c, PARTITIONS, FILES).await;
     cluster.shutdown().await;
     drop(fs);
 }
@@ -214,22 +232,9 @@ fn fill(path: &std::path::Path) {
 /// reserve keeps a share for it that only a start-up releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_restarts_on_a_disk_left_full() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
     const PARTITIONS: u32 = 2;
     const FILES: usize = 10;
-    let fs = SmallFs::mount(128 << 20).expect("mount a small tmpfs");
-    let mut cluster = TestCluster::builder()
-        .nodes(3)
-        .partitions(PARTITIONS)
-        .replication(3)
-        .data_dir(3, fs.path.join("node3"))
-        .node_space(3, SpaceConfig::default())
-        .start()
-        .await
-        .expect("cluster");
+    let (fs, mut cluster) = node3_on_a_small_disk(128 << 20, PARTITIONS).await;
     let node3 = cluster.node(3).expect("node 3").node.clone();
     // A start-up holds the restart share at once, the space loop the rest soon after.
     let reserve = eventually(
@@ -246,7 +251,7 @@ async fn a_node_restarts_on_a_disk_left_full() {
     // Writes that node 3 holds in its logs' WALs, unflushed, when it stops.
     let c = client_with_dir(&cluster).await;
     for i in 0..FILES {
-        c.write_file(format!("/d/f{i:02}"), &body(i))
+        c.write_file(format!("/d/f{i:04}"), &body(i))
             .await
             .unwrap_or_else(|e| panic!("write {i}: {e}"));
     }
@@ -285,15 +290,7 @@ async fn a_node_restarts_on_a_disk_left_full() {
 
     // Room again: node 3 catches up, and with node 1 stopped the files are all there.
     std::fs::remove_file(&filler).expect("remove the filler");
-    caught_up(&cluster, 3, PARTITIONS).await;
-    cluster.stop_node(1).await;
-    for i in 0..FILES {
-        let got = c
-            .read_file(format!("/d/f{i:02}"))
-            .await
-            .unwrap_or_else(|e| panic!("read {i} from nodes 2 and 3: {e}"));
-        assert!(got == body(i), "file {i} reads back whole");
-    }
+    files_read_back_from_nodes_2_and_3(&mut cluster, &c, PARTITIONS, FILES).await;
     cluster.shutdown().await;
     drop(fs);
 }
