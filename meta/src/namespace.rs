@@ -11,10 +11,10 @@
 //! - an inode by its home partition `ino.home()`.
 //!
 //! Directory attribute updates of a parent (mtime, nlink) are applied in the same proposal
-//! when the parent lives on the entry's partition. Otherwise a strict parent is updated by
-//! a second proposal on its home before the change is answered (POSIX-visible at once), and
-//! a relaxed one asynchronously within ~50 ms (DESIGN.md allows this; a crash in that
-//! window can leave a relaxed parent's nlink/mtime stale).
+//! when the parent lives on the entry's partition. Otherwise the parent is updated by a
+//! second proposal on its home before the change is answered, in both classes, so the
+//! client that made the change sees them at once (`Node::touch_parent`); only an update
+//! that fails there falls back to a queue flushed every 50 ms.
 //!
 //! Renames, removes, links and xattr changes take effect at most once per client request:
 //! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its

@@ -231,7 +231,7 @@ impl SmStore {
         }))
     }
 
-    /// Builds snapshots only when `space` has room for their copy (see [`build_snapshot`]).
+    /// Builds snapshots only when `space` has room for their copy (see `build_snapshot`).
     pub fn watch_space(&self, space: Arc<crate::space::Space>) {
         let _ = self.space.set(space);
     }
