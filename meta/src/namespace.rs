@@ -289,55 +289,17 @@ impl Node {
         request_id: u64,
     ) -> Result<Vec<Op>, TalonError> {
         spec.check(name)?;
-        let (pclass, learn) = self.entry_class(part, parent, name).await?;
-        let class = match spec.kind {
-            FileKind::Directory => spec.class.unwrap_or(pclass),
-            _ => pclass,
+        let (parent_class, learn) = self.entry_class(part, parent, name).await?;
+        let at = CreateAt {
+            epoch,
+            parent,
+            name,
+            parent_class,
+            learn,
+            parent_here: parent.home() == part.id,
+            now: Time::now(),
         };
-        let now = Time::now();
-        let size = if spec.kind == FileKind::Symlink {
-            spec.symlink_target.len() as u64
-        } else {
-            0
-        };
-        // A spec decoded from a request always names its owner.
-        let (uid, gid) = spec.owner.unwrap_or_default();
-        let attr = fresh_attr(
-            spec.kind, spec.perm, uid, gid, spec.rdev, size, class, parent, now,
-        );
-        let mut ops = vec![
-            Op::ExpectEpoch(epoch),
-            Op::ExpectDirLive {
-                dir: parent,
-                class: pclass,
-                learn,
-            },
-            Op::ExpectDentry {
-                parent,
-                name: name.to_vec(),
-                expect: Expect::Absent,
-            },
-            Op::NewInode {
-                attr: Box::new(attr),
-                symlink: spec.symlink_target.clone(),
-                creator: request_id,
-            },
-            Op::PutDentry {
-                parent,
-                name: name.to_vec(),
-                target: Target::New(0),
-                kind: spec.kind,
-            },
-        ];
-        if parent.home() == part.id {
-            let nlink = i32::from(spec.kind == FileKind::Directory);
-            ops.push(Op::TouchDir {
-                dir: parent,
-                nlink,
-                now,
-            });
-        }
-        Ok(ops)
+        Ok(create_ops(&at, spec, request_id))
     }
 
     /// Creates a file, directory, symlink or special file; `request_id` is the client's
@@ -775,5 +737,291 @@ impl Node {
             )));
         }
         Ok(self.local(p)?.as_ref())
+    }
+}
+
+/// Where a create lands, as planning found it on the entry's partition.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CreateAt<'a> {
+    /// The routing epoch the client planned with.
+    pub epoch: u64,
+    /// The directory the entry goes in.
+    pub parent: Ino,
+    /// The entry's name (already checked).
+    pub name: &'a [u8],
+    /// The parent's class, as this partition knows it.
+    pub parent_class: Class,
+    /// Whether this partition learns the parent's liveness from the proposal.
+    pub learn: bool,
+    /// Whether the parent's home is the entry's partition: its link count and times then
+    /// change in the create's own commit (otherwise `Node::touch_parent` does it).
+    pub parent_here: bool,
+    /// The create's time.
+    pub now: Time,
+}
+
+/// The ops of a create at `at`: the checks it relies on (epoch, a live parent, the name
+/// absent), the new inode, its entry, and the parent's update when the parent is here. A
+/// directory takes `spec.class` or its parent's class; anything else its parent's.
+pub(crate) fn create_ops(at: &CreateAt<'_>, spec: &CreateSpec, request_id: u64) -> Vec<Op> {
+    let class = match spec.kind {
+        FileKind::Directory => spec.class.unwrap_or(at.parent_class),
+        _ => at.parent_class,
+    };
+    let size = if spec.kind == FileKind::Symlink {
+        spec.symlink_target.len() as u64
+    } else {
+        0
+    };
+    // A spec decoded from a request always names its owner.
+    let (uid, gid) = spec.owner.unwrap_or_default();
+    let attr = fresh_attr(
+        spec.kind, spec.perm, uid, gid, spec.rdev, size, class, at.parent, at.now,
+    );
+    let mut ops = vec![
+        Op::ExpectEpoch(at.epoch),
+        Op::ExpectDirLive {
+            dir: at.parent,
+            class: at.parent_class,
+            learn: at.learn,
+        },
+        Op::ExpectDentry {
+            parent: at.parent,
+            name: at.name.to_vec(),
+            expect: Expect::Absent,
+        },
+        Op::NewInode {
+            attr: Box::new(attr),
+            symlink: spec.symlink_target.clone(),
+            creator: request_id,
+        },
+        Op::PutDentry {
+            parent: at.parent,
+            name: at.name.to_vec(),
+            target: Target::New(0),
+            kind: spec.kind,
+        },
+    ];
+    if at.parent_here {
+        ops.push(Op::TouchDir {
+            dir: at.parent,
+            nlink: i32::from(spec.kind == FileKind::Directory),
+            now: at.now,
+        });
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::Applier;
+    use crate::keys::meta;
+    use crate::kv::{MemKv, Overlay};
+    use crate::types::{ApplyError, Command};
+    use crate::view::View;
+
+    const P: u32 = 3;
+    const NOW: Time = Time {
+        secs: 1_700_000_000,
+        nanos: 0,
+    };
+    const LATER: Time = Time {
+        secs: 1_700_000_100,
+        nanos: 0,
+    };
+
+    /// Partition `P` at epoch 2, holding relaxed directory `d` (its home here), in memory.
+    struct Store {
+        db: MemKv,
+        none: Overlay,
+        d: Ino,
+    }
+
+    impl Store {
+        fn new() -> Store {
+            let mut db = MemKv::default();
+            let attr = fresh_attr(
+                FileKind::Directory,
+                0o755,
+                0,
+                0,
+                0,
+                0,
+                Class::Relaxed,
+                Ino(1),
+                NOW,
+            );
+            let mut staged = Overlay::new();
+            staged.insert(meta::EPOCH.to_vec(), Some(2u64.to_le_bytes().to_vec()));
+            let made = Applier { partition: P }
+                .apply(
+                    &db,
+                    &mut staged,
+                    &Command::Atomic(vec![Op::NewInode {
+                        attr: Box::new(attr),
+                        symlink: Vec::new(),
+                        creator: 0,
+                    }]),
+                )
+                .expect("no storage fault");
+            let CommandResult::Applied(o) = made else {
+                panic!("make d: {made:?}")
+            };
+            db.write(staged);
+            Store {
+                db,
+                none: Overlay::new(),
+                d: o.new_inos[0],
+            }
+        }
+
+        /// Applies the planned create and keeps what it wrote.
+        fn create(&mut self, at: &CreateAt<'_>, spec: &CreateSpec) -> CommandResult {
+            let mut staged = Overlay::new();
+            let res = Applier { partition: P }
+                .apply(
+                    &self.db,
+                    &mut staged,
+                    &Command::Atomic(create_ops(at, spec, 9)),
+                )
+                .expect("no storage fault");
+            self.db.write(staged);
+            res
+        }
+
+        fn attr(&self, ino: Ino) -> Attr {
+            View::new(&self.db, &self.none)
+                .inode(ino)
+                .expect("read")
+                .unwrap_or_else(|| panic!("no inode {ino}"))
+                .attr
+        }
+
+        fn entry(&self, name: &[u8]) -> Option<Ino> {
+            View::new(&self.db, &self.none)
+                .dentry(self.d, name)
+                .expect("read")
+                .map(|e| e.ino)
+        }
+
+        fn at<'a>(&self, name: &'a [u8]) -> CreateAt<'a> {
+            CreateAt {
+                epoch: 2,
+                parent: self.d,
+                name,
+                parent_class: Class::Relaxed,
+                learn: false,
+                parent_here: true,
+                now: LATER,
+            }
+        }
+    }
+
+    fn errno(res: &CommandResult) -> Option<Errno> {
+        match res {
+            CommandResult::Failed(ApplyError::Posix(e, _)) => Some(Errno(*e)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_planned_create_makes_the_entry_the_inode_and_the_parent_update() {
+        let mut s = Store::new();
+        let before = s.attr(s.d);
+        let made = s.create(&s.at(b"a"), &CreateSpec::file(0o640));
+        let CommandResult::Applied(o) = &made else {
+            panic!("create a: {made:?}")
+        };
+        let a = o.new_inos[0];
+        assert_eq!(s.entry(b"a"), Some(a));
+        let attr = s.attr(a);
+        assert_eq!(
+            (attr.kind, attr.perm, attr.class, attr.nlink, attr.mtime),
+            (FileKind::Regular, 0o640, Class::Relaxed, 1, LATER)
+        );
+        let d = s.attr(s.d);
+        assert_eq!(
+            (d.nlink, d.mtime),
+            (before.nlink, LATER),
+            "a file adds no link"
+        );
+
+        // Directories: their own class if given, else the parent's; each adds a link.
+        let made = s.create(&s.at(b"s"), &CreateSpec::dir(0o755, Some(Class::Strict)));
+        assert!(matches!(made, CommandResult::Applied(_)), "{made:?}");
+        let made = s.create(&s.at(b"t"), &CreateSpec::dir(0o755, None));
+        assert!(matches!(made, CommandResult::Applied(_)), "{made:?}");
+        let dir = |name: &[u8]| {
+            let a = s.attr(s.entry(name).expect("made"));
+            (a.class, a.parent)
+        };
+        assert_eq!(
+            (dir(b"s"), dir(b"t")),
+            ((Class::Strict, s.d), (Class::Relaxed, s.d))
+        );
+        assert_eq!(s.attr(s.d).nlink, before.nlink + 2);
+
+        // A symlink's size is its target's length.
+        let made = s.create(&s.at(b"l"), &CreateSpec::symlink("a/b/c"));
+        assert!(matches!(made, CommandResult::Applied(_)), "{made:?}");
+        assert_eq!(s.attr(s.entry(b"l").expect("made")).size, 5);
+    }
+
+    #[test]
+    fn a_parent_elsewhere_is_left_to_its_own_partition() {
+        let mut s = Store::new();
+        let before = s.attr(s.d);
+        let at = CreateAt {
+            parent_here: false,
+            ..s.at(b"a")
+        };
+        let made = s.create(&at, &CreateSpec::dir(0o755, None));
+        assert!(matches!(made, CommandResult::Applied(_)), "{made:?}");
+        assert!(s.entry(b"a").is_some());
+        let d = s.attr(s.d);
+        assert_eq!((d.nlink, d.mtime), (before.nlink, before.mtime));
+    }
+
+    #[test]
+    fn a_refused_create_changes_nothing() {
+        let mut s = Store::new();
+        let made = s.create(&s.at(b"a"), &CreateSpec::file(0o644));
+        let CommandResult::Applied(o) = &made else {
+            panic!("create a: {made:?}")
+        };
+        let a = o.new_inos[0];
+        let before = s.attr(s.d);
+
+        let again = s.create(&s.at(b"a"), &CreateSpec::file(0o644));
+        assert_eq!(errno(&again), Some(Errno::EEXIST), "{again:?}");
+        assert_eq!(s.entry(b"a"), Some(a), "the first file stays");
+
+        let stale = CreateAt {
+            epoch: 1,
+            ..s.at(b"b")
+        };
+        let res = s.create(&stale, &CreateSpec::file(0o644));
+        assert!(
+            matches!(res, CommandResult::Failed(ApplyError::StaleEpoch(2))),
+            "{res:?}"
+        );
+
+        let gone = CreateAt {
+            parent: Ino::new(P, 999),
+            ..s.at(b"b")
+        };
+        let res = s.create(&gone, &CreateSpec::file(0o644));
+        assert_eq!(errno(&res), Some(Errno::ENOENT), "{res:?}");
+
+        let file_parent = CreateAt {
+            parent: a,
+            ..s.at(b"b")
+        };
+        let res = s.create(&file_parent, &CreateSpec::file(0o644));
+        assert_eq!(errno(&res), Some(Errno::ENOTDIR), "{res:?}");
+
+        assert_eq!(s.entry(b"b"), None);
+        assert_eq!(s.attr(s.d), before, "the parent is untouched");
     }
 }
