@@ -445,8 +445,11 @@ impl Space {
     pub fn hold_restart_share(&self) -> std::io::Result<()> {
         let r = self.refresh()?;
         let keep = restart_share(&self.cfg, r.fs.total);
+        if r.held >= keep {
+            return Ok(());
+        }
         let floor = Floors::of(&self.cfg, r.fs.total).critical;
-        let need = keep.saturating_sub(r.held).saturating_add(floor);
+        let need = (keep - r.held).saturating_add(floor);
         if r.fs.avail < need {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::StorageFull,
