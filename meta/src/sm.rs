@@ -391,14 +391,8 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         None => None,
         Some(space) => match space.claim(store.disk_bytes()) {
             Ok(c) => Some(c),
-            Err(why) => match stored_snapshot(store).map_err(werr)? {
-                Some(kept) => {
-                    tracing::warn!(
-                        partition = store.partition,
-                        "snapshot not built, the stored one is kept: {why}"
-                    );
-                    return Ok(kept);
-                }
+            Err(why) => match keep_stored_snapshot(store, &why).map_err(werr)? {
+                Some(kept) => return Ok(kept),
                 None => None,
             },
         },
@@ -423,11 +417,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         if let Err(e) = packed {
             let _ = std::fs::remove_file(&data_path);
             if e.kind() == std::io::ErrorKind::StorageFull {
-                if let Some(kept) = stored_snapshot(store)? {
-                    tracing::warn!(
-                        partition = store.partition,
-                        "snapshot not built, the stored one is kept: {e}"
-                    );
+                if let Some(kept) = keep_stored_snapshot(store, &e)? {
                     return Ok(kept);
                 }
             }
@@ -465,6 +455,22 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     })();
     let _ = std::fs::remove_dir_all(&cp_dir);
     result.map_err(werr)
+}
+
+/// A build given up for want of room (`why`): the replica's stored snapshot, said so in
+/// the log, if it has one.
+fn keep_stored_snapshot(
+    store: &SmStore,
+    why: &dyn std::fmt::Display,
+) -> Result<Option<Snapshot<TypeConfig>>, Fatal> {
+    let kept = stored_snapshot(store)?;
+    if kept.is_some() {
+        tracing::warn!(
+            partition = store.partition,
+            "snapshot not built, the stored one is kept: {why}"
+        );
+    }
+    Ok(kept)
 }
 
 /// The replica's stored snapshot, if it has one.
