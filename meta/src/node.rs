@@ -184,13 +184,7 @@ impl Node {
         }
         // Every store is open, its WAL replayed and flushed: the restart share goes back in
         // place before any Raft group can write, so that a node that stops again finds it.
-        let held = {
-            let space = space.clone();
-            tokio::task::spawn_blocking(move || space.hold_restart_share())
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        };
-        if let Err(e) = held {
+        if let Err(e) = Space::off_runtime(&space, Space::hold_restart_share).await {
             tracing::warn!(node = me, "hold the space reserve's restart share: {e}");
         }
         let mut partitions = HashMap::new();
@@ -529,18 +523,12 @@ impl Node {
         }
         let full = self.space.full_since().is_some();
         if full || r.level == Level::Ok {
-            // Writing and syncing the reserve takes a second or two: not on a runtime worker.
-            let space = self.space.clone();
-            let sized = tokio::task::spawn_blocking(move || {
-                if full {
-                    space.keep_restart_share()
-                } else {
-                    space.hold_reserve()
-                }
-            })
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-            if let Err(e) = sized {
+            let size = if full {
+                Space::keep_restart_share
+            } else {
+                Space::hold_reserve
+            };
+            if let Err(e) = Space::off_runtime(&self.space, size).await {
                 tracing::warn!(node = me, full, "size the space reserve: {e}");
             }
         }

@@ -22,7 +22,7 @@
 
 use crate::config::SpaceConfig;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use talon_model::{Errno, TalonError};
 use tokio_util::sync::CancellationToken;
@@ -397,6 +397,19 @@ impl Space {
         }
     }
 
+    /// Runs `size`, one of the methods that write or cut the reserve file, on a blocking
+    /// thread: writing and syncing the reserve takes a second or two, not for a runtime
+    /// worker.
+    pub async fn off_runtime(
+        space: &Arc<Space>,
+        size: fn(&Space) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let space = space.clone();
+        tokio::task::spawn_blocking(move || size(&space))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
     /// Grows the reserve file back to the whole reserve if the disk is not nearly full.
     pub fn hold_reserve(&self) -> std::io::Result<()> {
         let r = self.reading();
@@ -420,10 +433,7 @@ impl Space {
             let undone = if held == 0 {
                 std::fs::remove_file(&path)
             } else {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|f| f.set_len(held))
+                shrink_file(&path, held)
             };
             if let Err(u) = undone {
                 tracing::warn!("shrink the space reserve back after a failed write: {u}");
@@ -480,15 +490,22 @@ impl Space {
             return Ok(());
         }
         let path = self.dir.join(RESERVE_FILE);
-        let kept = match std::fs::OpenOptions::new().write(true).open(&path) {
-            Ok(f) => f.set_len(keep).and_then(|()| f.sync_all()).map(|()| keep),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e),
-        }?;
+        let kept = match shrink_file(&path, keep) {
+            Ok(()) => keep,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e),
+        };
         self.lock().reading.held = kept;
         tracing::info!(kept, "released the space reserve but its restart share");
         Ok(())
     }
+}
+
+/// Cuts the file at `path` to `len` bytes and syncs it, freeing the blocks beyond.
+fn shrink_file(path: &Path, len: u64) -> std::io::Result<()> {
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.set_len(len)?;
+    f.sync_all()
 }
 
 /// Writes zeros to `path` from byte `from` to byte `to` and syncs them: allocated blocks,
