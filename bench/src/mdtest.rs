@@ -732,7 +732,6 @@ fn run_iteration(
             .with_context(|| format!("make the iteration directory {idir}"))?;
     }
     let mut results = Vec::new();
-    let mut latencies = Vec::new();
     for phase in plan.phases() {
         let bar = tasks::progress(phase.name(), plan.calls(phase), quiet);
         let run = tasks::run_phase(plan.tasks, |rank| {
@@ -746,7 +745,7 @@ fn run_iteration(
         for (o, _) in &run.tasks {
             latency.merge(&o.latency);
         }
-        results.push(PhaseResult {
+        let result = PhaseResult {
             phase: phase.name(),
             ops,
             calls: run.tasks.iter().map(|(o, _)| o.ops).sum(),
@@ -756,14 +755,14 @@ fn run_iteration(
             task_seconds: run.tasks.iter().map(|(_, d)| d.as_secs_f64()).collect(),
             latency: latency.summary(),
             first_error: run.tasks.iter().find_map(|(o, _)| o.first_error.clone()),
-        });
-        latencies.push(latency);
+        };
+        results.push((result, latency));
     }
     if plan.remove && fs.exists(&idir) {
         fs.rmdir(&idir)
             .with_context(|| format!("remove the iteration directory {idir}"))?;
     }
-    Ok(results.into_iter().zip(latencies).collect())
+    Ok(results)
 }
 
 /// One task's share of one phase.
