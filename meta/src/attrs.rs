@@ -1,11 +1,14 @@
 //! Attributes of an inode: getattr and setattr, extended attributes, a directory's class,
 //! and the file system's totals (statfs).
 //!
-//! Built on the namespace operations' guards (`namespace.rs`); nothing there reaches here.
+//! Its operations are methods of [`Attrs`], a view of a [`Node`] borrowed for one call
+//! (`Attrs::new(&node).getattr(..)`), so a call names the file that defines it. Built on the
+//! namespace's guards ([`Namespace`]) and on transactions ([`Txns`]); neither reaches here.
 
-use crate::namespace::{outcome_attr, posix, record_request};
+use crate::namespace::{outcome_attr, posix, record_request, Namespace};
 use crate::node::Node;
 use crate::records::storage_error;
+use crate::txn::Txns;
 use crate::types::{AttrChange, Op};
 use std::collections::BTreeMap;
 use talon_model::placement::dir_partitions;
@@ -13,7 +16,25 @@ use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time, SYMLINK_X
 
 /// Longest xattr value.
 pub const XATTR_VALUE_MAX: usize = 64 * 1024;
-impl Node {
+
+/// Attributes on a node's partitions: an inode's, its xattrs', a directory's class, the
+/// totals. A view of a [`Node`] borrowed for a call: `Attrs::new(&node).getattr(..)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Attrs<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Attrs<'a> {
+    /// The attributes served by `node`.
+    pub fn new(node: &'a Node) -> Self {
+        Attrs { node }
+    }
+
+    /// The namespace's guards and reads these operations build on.
+    fn ns(&self) -> Namespace<'a> {
+        Namespace::new(self.node)
+    }
+
     /// Attributes of `ino` (served by its home partition).
     pub async fn getattr(
         &self,
@@ -22,9 +43,9 @@ impl Node {
         epoch: u64,
         ino: Ino,
     ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        self.attr_of(part, ino).await
+        let part = self.node.home_part(p, ino)?;
+        self.ns().read_guard(part, relaxed, epoch).await?;
+        self.ns().attr_of(part, ino).await
     }
 
     /// Applies a setattr at the inode's home.
@@ -35,7 +56,7 @@ impl Node {
         ino: Ino,
         change: AttrChange,
     ) -> Result<Attr, TalonError> {
-        self.home_part(p, ino)?;
+        self.node.home_part(p, ino)?;
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::SetAttr {
@@ -44,7 +65,7 @@ impl Node {
                 now: Time::now(),
             },
         ];
-        let out = self
+        let out = Txns::new(self.node)
             .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
             .await?;
         outcome_attr(&out, ino).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
@@ -59,8 +80,8 @@ impl Node {
         ino: Ino,
         name: &[u8],
     ) -> Result<Vec<u8>, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
+        let part = self.node.home_part(p, ino)?;
+        self.ns().read_guard(part, relaxed, epoch).await?;
         let (rec, val) = part
             .store
             .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
@@ -84,8 +105,8 @@ impl Node {
         epoch: u64,
         ino: Ino,
     ) -> Result<Vec<Vec<u8>>, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
+        let part = self.node.home_part(p, ino)?;
+        self.ns().read_guard(part, relaxed, epoch).await?;
         let prefix = crate::keys::xattr_prefix(ino);
         let (rec, keys) = part
             .store
@@ -110,7 +131,7 @@ impl Node {
         flags: u32,
         request: u64,
     ) -> Result<(), TalonError> {
-        let part = self.home_part(p, ino)?;
+        let part = self.node.home_part(p, ino)?;
         if name.is_empty() || name.len() > 255 || name.contains(&0) {
             return Err(posix(
                 Errno::ERANGE,
@@ -127,7 +148,7 @@ impl Node {
             return Err(posix(Errno::E2BIG, "xattr value over 64 KiB"));
         }
         talon_model::XattrFlags::from_bits(flags)?;
-        if self.applied(part, request)?.is_some() {
+        if self.ns().applied(part, request)?.is_some() {
             return Ok(());
         }
         let mut ops = vec![
@@ -141,17 +162,19 @@ impl Node {
             },
         ];
         record_request(&mut ops, request, ino);
-        let r = self
+        let r = Txns::new(self.node)
             .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
             .await
             .map(|_| ());
-        self.settle(part, request, r, |_| async { Ok(()) }).await
+        self.ns()
+            .settle(part, request, r, |_| async { Ok(()) })
+            .await
     }
 
     /// Usage of partition `p`: (inodes, entries).
     pub async fn statfs(&self, p: u32, relaxed: bool) -> Result<(u64, u64), TalonError> {
-        let part = self.local(p)?;
-        self.read_guard(part, relaxed, 0).await?;
+        let part = self.node.local(p)?;
+        self.ns().read_guard(part, relaxed, 0).await?;
         part.store
             .read(|v| {
                 Ok((
@@ -170,16 +193,16 @@ impl Node {
         dir: Ino,
         class: Class,
     ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, dir)?;
+        let part = self.node.home_part(p, dir)?;
         part.linearizable().await?;
-        let attr = self.attr_of(part, dir).await?;
+        let attr = self.ns().attr_of(part, dir).await?;
         if attr.kind != FileKind::Directory {
             return Err(posix(Errno::ENOTDIR, "not a directory"));
         }
         if attr.class == class {
             return Ok(attr);
         }
-        let n = self.partitions_count();
+        let n = self.node.partitions_count();
         let may_hold = dir_partitions(dir, attr.class, n);
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         for q in 0..n {
@@ -193,7 +216,7 @@ impl Node {
             .entry(p)
             .or_default()
             .extend([Op::ExpectEpoch(epoch), Op::SetClass { dir, class }]);
-        let out = self
+        let out = Txns::new(self.node)
             .run_ops(p, parts, || async { Ok(()) })
             .await
             .map_err(|e| match e {

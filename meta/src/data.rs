@@ -16,8 +16,14 @@
 //! - Deleted values are reclaimed by compaction, which a background task runs on a
 //!   partition once enough bodies or chunks were deleted; BlobDB's garbage collection
 //!   relocates live blobs during compaction. Neither blocks reads or writes.
+//!
+//! Its operations and collection rounds are methods of [`Files`], a view of a [`Node`]
+//! borrowed for one call (`Files::new(&node).read_whole(..)`), so a call names the file
+//! that defines it. Built on the namespace's guards and lookup ([`Namespace`]); neither it
+//! nor the node reaches here.
 
 use crate::keys;
+use crate::namespace::Namespace;
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::reads::{read_stored, OpenFile};
@@ -52,9 +58,26 @@ pub fn read_local(
     read_stored(&part.store, ino, want_body)
 }
 
-impl Node {
+/// The file contents on a node's partitions, and their garbage collection. A view of a
+/// [`Node`] borrowed for a call: `Files::new(&node).read_whole(..)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Files<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Files<'a> {
+    /// The files served by `node`.
+    pub fn new(node: &'a Node) -> Self {
+        Files { node }
+    }
+
+    /// The namespace's guards and lookup these operations build on.
+    fn ns(&self) -> Namespace<'a> {
+        Namespace::new(self.node)
+    }
+
     fn chunk_size(&self) -> u32 {
-        self.config.cluster.chunk_size
+        self.node.config.cluster.chunk_size
     }
 
     /// A file's attributes, layout and (small) body, from its home partition.
@@ -66,8 +89,8 @@ impl Node {
         ino: Ino,
         want_body: bool,
     ) -> Result<OpenFile, TalonError> {
-        let part = self.home_part(p, ino)?;
-        self.read_guard(part, relaxed, epoch).await?;
+        let part = self.node.home_part(p, ino)?;
+        self.ns().read_guard(part, relaxed, epoch).await?;
         read_local(part, ino, want_body)?
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
@@ -82,12 +105,16 @@ impl Node {
         parent: Ino,
         name: &[u8],
     ) -> Result<(OpenFile, u64), TalonError> {
-        let (attr, cur_epoch) = self.lookup(p, relaxed, epoch, parent, name).await?;
+        let (attr, cur_epoch) = self.ns().lookup(p, relaxed, epoch, parent, name).await?;
         let ino = attr.ino;
         let file = if ino.home() == p {
-            read_local(self.local(p)?, ino, true)?
+            read_local(self.node.local(p)?, ino, true)?
         } else {
-            match self.peer(ino.home(), PeerRequest::ReadFile(ino)).await? {
+            match self
+                .node
+                .peer(ino.home(), PeerRequest::ReadFile(ino))
+                .await?
+            {
                 PeerReply::File(f) => f,
                 other => {
                     return Err(TalonError::Unavailable(format!(
@@ -111,12 +138,12 @@ impl Node {
         data: Vec<u8>,
         expect_generation: u64,
     ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, ino)?;
-        if data.len() > self.config.cluster.small_file_max as usize {
+        let part = self.node.home_part(p, ino)?;
+        if data.len() > self.node.config.cluster.small_file_max as usize {
             return Err(TalonError::Invalid(format!(
                 "body of {} bytes exceeds small_file_max {}",
                 data.len(),
-                self.config.cluster.small_file_max
+                self.node.config.cluster.small_file_max
             )));
         }
         let ops = vec![
@@ -140,7 +167,7 @@ impl Node {
         index: u32,
         data: Vec<u8>,
     ) -> Result<(), TalonError> {
-        let want = chunk_partition(ino, index, self.config.cluster.partitions);
+        let want = chunk_partition(ino, index, self.node.config.cluster.partitions);
         if want != p {
             return Err(TalonError::WrongPartition(format!(
                 "chunk {index} of {ino} lives on partition {want}"
@@ -158,7 +185,7 @@ impl Node {
                 self.chunk_size()
             )));
         }
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         let ops = vec![Op::PutChunk {
             ino,
             write_id,
@@ -187,14 +214,14 @@ impl Node {
         offset: u32,
         length: u32,
     ) -> Result<Vec<u8>, TalonError> {
-        let want = chunk_partition(ino, index, self.config.cluster.partitions);
+        let want = chunk_partition(ino, index, self.node.config.cluster.partitions);
         if want != p {
             return Err(TalonError::WrongPartition(format!(
                 "chunk {index} of {ino} lives on partition {want}"
             )));
         }
-        let part = self.local(p)?;
-        self.read_guard(part, relaxed, 0).await?;
+        let part = self.node.local(p)?;
+        self.ns().read_guard(part, relaxed, 0).await?;
         let key = keys::chunk(ino, write_id, index);
         let mut raw = part
             .store
@@ -243,7 +270,7 @@ impl Node {
         layout: Layout,
         expect_generation: u64,
     ) -> Result<Attr, TalonError> {
-        let part = self.home_part(p, ino)?;
+        let part = self.node.home_part(p, ino)?;
         let cs = self.chunk_size();
         layout.check(size)?;
         let Layout::Chunked { chunk_size, chunks } = layout else {
@@ -273,7 +300,7 @@ impl Node {
 
     /// Logical file bytes homed on, and disk bytes used by, partition `p`.
     pub fn usage(&self, p: u32) -> Result<(u64, u64), TalonError> {
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         let bytes = part
             .store
             .read(|v| v.counter(keys::meta::BYTES))
@@ -285,10 +312,10 @@ impl Node {
     // The entry API cannot hold the map across the await that fetches a missing state.
     #[allow(clippy::map_entry)]
     pub async fn collect_chunks(&self) {
-        let grace = self.config.cluster.chunk_gc_grace_ms;
+        let grace = self.node.config.cluster.chunk_gc_grace_ms;
         let now = Time::now().as_millis();
-        for (p, part) in &self.partitions {
-            if part.leader() != Some(self.config.node_id) {
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
                 continue;
             }
             let chunks = match part.store.chunks(GC_SCAN_LIMIT) {
@@ -305,7 +332,11 @@ impl Node {
                     continue;
                 }
                 if !states.contains_key(&ino) {
-                    let state = match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await {
+                    let state = match self
+                        .node
+                        .peer(ino.home(), PeerRequest::ReadInode(ino))
+                        .await
+                    {
                         Ok(PeerReply::Inode(None)) => Holder::Gone,
                         Ok(PeerReply::Inode(Some(rec))) => match rec.layout {
                             Layout::Chunked { chunks, .. } => Holder::Chunked(chunks),
@@ -346,11 +377,11 @@ impl Node {
     /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
     /// system is nearly full.
     pub async fn collect_unlinked(&self) {
-        let grace = self.config.cluster.unlinked_grace_ms;
-        let short = self.space.level() >= crate::space::Level::NearFull;
+        let grace = self.node.config.cluster.unlinked_grace_ms;
+        let short = self.node.space.level() >= crate::space::Level::NearFull;
         let now = Time::now().as_millis();
-        for (p, part) in &self.partitions {
-            if part.leader() != Some(self.config.node_id) {
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
                 continue;
             }
             let due: Vec<Ino> = match part.store.unlinked(GC_SCAN_LIMIT) {
@@ -373,8 +404,8 @@ impl Node {
     /// node at least `REQUEST_RECORD_MS` ago by its monotonic clock (see [`confirmed_due`]).
     pub async fn collect_requests(&self) {
         let now = Time::now().as_millis();
-        for (p, part) in &self.partitions {
-            if part.leader() != Some(self.config.node_id) {
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
                 continue;
             }
             let due: Vec<u64> = match part.store.requests(GC_SCAN_LIMIT, |at| {
@@ -387,7 +418,11 @@ impl Node {
                 }
             };
             let due = {
-                let mut all = self.requests_due.lock().unwrap_or_else(|e| e.into_inner());
+                let mut all = self
+                    .node
+                    .requests_due
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 confirmed_due(
                     all.entry(*p).or_default(),
                     due,
@@ -405,13 +440,13 @@ impl Node {
     /// has no room for a copy beside the critical floor: one run on a full disk filled it
     /// to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
-        let short = self.space.level() >= crate::space::Level::NearFull;
-        for part in self.partitions.values() {
+        let short = self.node.space.level() >= crate::space::Level::NearFull;
+        for part in self.node.partitions.values() {
             let deletes = part.store.deletes_since_compaction();
             if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
                 continue;
             }
-            let _claim = match self.space.claim(part.store.disk_bytes()) {
+            let _claim = match self.node.space.claim(part.store.disk_bytes()) {
                 Ok(c) => c,
                 Err(why) => {
                     tracing::warn!(partition = part.id, "compaction deferred: {why}");
@@ -502,6 +537,7 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
     let unlinked_period = period(node.config.cluster.unlinked_grace_ms);
     let mut tick = tokio::time::interval(chunk_period.min(unlinked_period));
     let mut chunks_due = tokio::time::Instant::now();
+    let files = Files::new(&node);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -510,13 +546,13 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 // peers has no quorum left, and a proposal would never end (nor
                 // `Node::shutdown`, which waits for this task). The next start redoes it.
                 let round = async {
-                    node.collect_unlinked().await;
-                    node.collect_requests().await;
+                    files.collect_unlinked().await;
+                    files.collect_requests().await;
                     if tokio::time::Instant::now() >= chunks_due {
-                        node.collect_chunks().await;
+                        files.collect_chunks().await;
                         chunks_due = tokio::time::Instant::now() + chunk_period;
                     }
-                    node.compact_if_needed().await;
+                    files.compact_if_needed().await;
                 };
                 if cancel.run_until_cancelled(round).await.is_none() {
                     break;

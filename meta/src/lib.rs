@@ -20,13 +20,18 @@
 //! - `network`: node-to-node channels and openraft's network for every group.
 //! - `reads`: a replica's own file and directory reads, shared by clients' and peers' paths.
 //! - `partition`: one hosted replica with its proposal merging and read barrier.
-//! - `node`: a whole node: storage and Raft groups, routing to other partitions' leaders.
-//! - `namespace`: the namespace operations' guards and planning, lookup, create, remove,
-//!   link and readdir.
-//! - `rename`: rename within and across partitions, NOREPLACE and EXCHANGE.
-//! - `attrs`: getattr/setattr, extended attributes, a directory's class, statfs.
-//! - `data`: file contents: packed small-file bodies, chunks, layouts, checksums, GC.
-//! - `txn`: two-phase commit across partitions and recovery of stale intents.
+//! - `node`: a whole node (`Node`): storage and Raft groups, routing to other partitions'
+//!   leaders.
+//! - `namespace`: `Namespace`, the namespace operations' guards and planning, lookup,
+//!   create, remove, link and readdir.
+//! - `rename`: `Renames`, rename within and across partitions, NOREPLACE and EXCHANGE.
+//! - `attrs`: `Attrs`, getattr/setattr, extended attributes, a directory's class, statfs.
+//! - `data`: `Files`, file contents: packed small-file bodies, chunks, layouts, checksums,
+//!   GC.
+//! - `txn`: `Txns`, two-phase commit across partitions and recovery of stale intents.
+//!
+//! The operation types above each borrow a `Node` for one call (`Namespace::new(&node)`):
+//! a call names the type, and the type's file holds every one of its methods.
 //! - `service`: the gRPC edge: wire validation and error mapping.
 //! - `server`: starting a node with its background loops, serving it, shutting it down.
 //! - `failpoints`: named steps a fault-injection harness can crash or slow (a feature).

@@ -20,11 +20,18 @@
 //! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its
 //! effect on the serving partition, so a copy the client sends again after a lost answer is
 //! answered from the record (as done) instead of being applied again or refused.
+//!
+//! Its operations are methods of [`Namespace`], a view of a [`Node`] borrowed for one call
+//! (`Namespace::new(&node).create(..)`), so a call names the file that defines it. Its
+//! guards and reads (`read_guard`, `entry_class`, `attr_of`, `settle`, ...) serve the
+//! modules above it too (`rename`, `attrs`, `data`); it builds on the node and on
+//! transactions ([`Txns`]) and must not reach up to those modules.
 
 use crate::apply::{fresh_attr, is_unlinked};
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
+use crate::txn::Txns;
 use crate::types::{CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -101,9 +108,18 @@ pub(crate) fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
     out.values().map(|o| o.epoch).max().unwrap_or(0)
 }
 
-impl Node {
-    pub(crate) fn partitions_count(&self) -> u32 {
-        self.config.cluster.partitions
+/// The namespace of a node: guards, lookup, create, remove, link and readdir on the
+/// partitions it hosts. A view of a [`Node`] borrowed for a call:
+/// `Namespace::new(&node).create(..)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Namespace<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Namespace<'a> {
+    /// The namespace served by `node`.
+    pub fn new(node: &'a Node) -> Self {
+        Namespace { node }
     }
 
     /// Checks the caller may read from `part`: a relaxed read within the staleness bound,
@@ -114,7 +130,7 @@ impl Node {
         relaxed: bool,
         epoch: u64,
     ) -> Result<(), TalonError> {
-        let bound = Duration::from_millis(self.config.cluster.relaxed_staleness_ms);
+        let bound = Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms);
         if !(relaxed && part.relaxed_ok(bound)) {
             part.linearizable().await?;
         }
@@ -152,7 +168,11 @@ impl Node {
         match known {
             Some(Some(c)) => Ok((c, false)),
             Some(None) => Err(posix(Errno::ENOENT, format!("directory {dir} was removed"))),
-            None => match self.peer(dir.home(), PeerRequest::DirInfo(dir)).await? {
+            None => match self
+                .node
+                .peer(dir.home(), PeerRequest::DirInfo(dir))
+                .await?
+            {
                 PeerReply::Dir(c) => Ok((c, true)),
                 other => Err(TalonError::Unavailable(format!(
                     "unexpected reply {other:?}"
@@ -169,7 +189,7 @@ impl Node {
         name: &[u8],
     ) -> Result<(Class, bool), TalonError> {
         let (class, learn) = self.dir_class(part, dir).await?;
-        let want = entry_partition(dir, name, class, self.partitions_count());
+        let want = entry_partition(dir, name, class, self.node.partitions_count());
         if want != part.id {
             return Err(TalonError::ClassChanged(format!(
                 "entry {:?} of {dir} ({}) lives on partition {want}, not {}",
@@ -183,7 +203,11 @@ impl Node {
 
     /// An inode record, read linearizably from its home partition.
     pub(crate) async fn read_inode(&self, ino: Ino) -> Result<Option<InodeRec>, TalonError> {
-        match self.peer(ino.home(), PeerRequest::ReadInode(ino)).await? {
+        match self
+            .node
+            .peer(ino.home(), PeerRequest::ReadInode(ino))
+            .await?
+        {
             PeerReply::Inode(r) => Ok(r),
             other => Err(TalonError::Unavailable(format!(
                 "unexpected reply {other:?}"
@@ -198,6 +222,7 @@ impl Node {
         name: &[u8],
     ) -> Result<Option<Dentry>, TalonError> {
         match self
+            .node
             .peer(p, PeerRequest::ReadDentry(parent, name.to_vec()))
             .await?
         {
@@ -229,7 +254,7 @@ impl Node {
         name: &[u8],
     ) -> Result<(Attr, u64), TalonError> {
         check_name(name)?;
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
         // Validate placement when the class is known here; an unknown parent is not
         // fetched for a read (absent entries answer ENOENT either way).
@@ -248,7 +273,7 @@ impl Node {
                 .map_err(storage_error)?
         };
         if let Some(c) = known_class {
-            let want = entry_partition(parent, name, c, self.partitions_count());
+            let want = entry_partition(parent, name, c, self.node.partitions_count());
             if want != p {
                 return Err(TalonError::ClassChanged(format!(
                     "entry lives on partition {want} under {parent}'s class {}",
@@ -313,7 +338,7 @@ impl Node {
         spec: &CreateSpec,
         request_id: u64,
     ) -> Result<(Attr, u64), TalonError> {
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         let ops = self
             .plan_create(part, epoch, parent, name, spec, request_id)
             .await?;
@@ -342,7 +367,7 @@ impl Node {
                     })?;
                 if parent.home() != part.id {
                     let nlink = i32::from(spec.kind == FileKind::Directory);
-                    self.touch_parent(parent, nlink, Time::now()).await;
+                    self.node.touch_parent(parent, nlink, Time::now()).await;
                 }
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
@@ -395,7 +420,7 @@ impl Node {
         epoch: u64,
         items: Vec<(Ino, Vec<u8>, CreateSpec, u64)>,
     ) -> Result<Vec<Result<Attr, TalonError>>, TalonError> {
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         let futs = items
             .into_iter()
             .map(|(parent, name, spec, id)| async move {
@@ -481,7 +506,7 @@ impl Node {
         request: u64,
     ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         replan("remove", 20, || async {
             let r = self
                 .remove_once(part, epoch, parent, name, directory, request)
@@ -558,9 +583,13 @@ impl Node {
             }
         }
         let single = parts.len() == 1;
-        let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
+        let out = Txns::new(self.node)
+            .run_ops(p, parts, || async { Ok(()) })
+            .await?;
         if !(single && parent.home() == p) {
-            self.touch_parent(parent, -i32::from(directory), now).await;
+            self.node
+                .touch_parent(parent, -i32::from(directory), now)
+                .await;
         }
         let nlink = outcome_attr(&out, d.ino).map(|a| a.nlink).unwrap_or(0);
         Ok((d.ino, nlink))
@@ -574,7 +603,7 @@ impl Node {
         dir: Ino,
         class: Class,
     ) {
-        let n = self.partitions_count();
+        let n = self.node.partitions_count();
         let may_hold = dir_partitions(dir, class, n);
         for q in 0..n {
             let ops = parts.entry(q).or_default();
@@ -602,7 +631,7 @@ impl Node {
         request: u64,
     ) -> Result<(Attr, u64), TalonError> {
         check_name(nn)?;
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         let linked = |rec: RequestRec| async move {
             let attr = self
                 .read_inode(rec.ino)
@@ -668,8 +697,10 @@ impl Node {
             .entry(ino.home())
             .or_default()
             .push(relink(ino, 1, None, now));
-        let out = self.run_ops(p, parts, || async { Ok(()) }).await?;
-        self.touch_parent(np, 0, now).await;
+        let out = Txns::new(self.node)
+            .run_ops(p, parts, || async { Ok(()) })
+            .await?;
+        self.node.touch_parent(np, 0, now).await;
         let attr = match outcome_attr(&out, ino) {
             Some(a) => a,
             None => self
@@ -693,7 +724,7 @@ impl Node {
         limit: u32,
         plus: bool,
     ) -> Result<(Vec<(Vec<u8>, Dentry, Option<Attr>)>, bool), TalonError> {
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
         self.read_guard(part, relaxed, epoch).await?;
         if !relaxed {
             // A prepared transaction that changes entries of `dir` (a rename across
@@ -711,7 +742,7 @@ impl Node {
                 ));
             }
         }
-        let limit = limit.clamp(1, self.config.cluster.max_batch) as usize;
+        let limit = limit.clamp(1, self.node.config.cluster.max_batch) as usize;
         let (entries, more) = part
             .store
             .readdir(dir, after, limit)
@@ -726,17 +757,6 @@ impl Node {
             out.push((name, d, attr));
         }
         Ok((out, more))
-    }
-
-    /// The hosted replica of `ino`'s home partition `p`, or WrongPartition if `p` is not it.
-    pub(crate) fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
-        if ino.home() != p {
-            return Err(TalonError::WrongPartition(format!(
-                "inode {ino} lives on partition {}",
-                ino.home()
-            )));
-        }
-        Ok(self.local(p)?.as_ref())
     }
 }
 

@@ -4,11 +4,13 @@
 //! the disk watch). Background loops of the layers above it are started by `server`
 //! through [`Node::spawn`].
 //!
-//! It must not reach up: the namespace, data and transaction operations (`namespace`,
-//! `data`, `txn`) and the gRPC edge (`service`) build on it, never the other way round;
-//! `server` starts and stops it. `Node::shutdown` fires the node's cancellation token,
-//! waits for the background tasks, shuts every Raft group down and closes the log (its
-//! flusher acknowledges everything queued first).
+//! It must not reach up: the namespace, rename, attribute, data and transaction operations
+//! build on it as types of their own that borrow a node (`namespace::Namespace`,
+//! `rename::Renames`, `attrs::Attrs`, `data::Files`, `txn::Txns`), each defined in its
+//! module; they and the gRPC edge (`service`) use the node, never the other way round, and
+//! `impl Node` lives here only. `server` starts and stops it. `Node::shutdown` fires the
+//! node's cancellation token, waits for the background tasks, shuts every Raft group down
+//! and closes the log (its flusher acknowledges everything queued first).
 
 use crate::config::{ClusterConfig, Config};
 use crate::network::{NetFactory, PeerRpc, Peers};
@@ -289,6 +291,22 @@ impl Node {
                 ))
             }
         })
+    }
+
+    /// How many partitions the cluster has (hosted here or not).
+    pub(crate) fn partitions_count(&self) -> u32 {
+        self.config.cluster.partitions
+    }
+
+    /// The hosted replica of `ino`'s home partition `p`, or WrongPartition if `p` is not it.
+    pub(crate) fn home_part(&self, p: u32, ino: Ino) -> Result<&Partition, TalonError> {
+        if ino.home() != p {
+            return Err(TalonError::WrongPartition(format!(
+                "inode {ino} lives on partition {}",
+                ino.home()
+            )));
+        }
+        Ok(self.local(p)?.as_ref())
     }
 
     /// Group-commit counters of the node's Raft log: (appends, fsyncs).

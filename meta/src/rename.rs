@@ -2,13 +2,16 @@
 //! commit; NOREPLACE and EXCHANGE; a directory moved under itself refused; the namespace
 //! epoch moved on when a directory moves, so clients drop their path caches.
 //!
-//! Built on the namespace operations' guards and planning (`namespace.rs`); nothing there
-//! reaches here.
+//! Its operations are methods of [`Renames`], a view of a [`Node`] borrowed for one call
+//! (`Renames::new(&node).rename(..)`), so a call names the file that defines it. Built on
+//! the namespace's guards and planning ([`Namespace`]) and on transactions ([`Txns`]);
+//! neither reaches here.
 
-use crate::namespace::{outcome_epoch, posix, record_request, relink, replan};
+use crate::namespace::{outcome_epoch, posix, record_request, relink, replan, Namespace};
 use crate::node::Node;
 use crate::partition::Partition;
 use crate::records::storage_error;
+use crate::txn::Txns;
 use crate::types::{Expect, Op, Target};
 use std::collections::BTreeMap;
 use talon_model::placement::entry_partition;
@@ -28,7 +31,19 @@ fn destination_guard(planned: Option<Ino>, flags: RenameFlags) -> Expect {
     }
 }
 
-impl Node {
+/// Renames on a node's partitions. A view of a [`Node`] borrowed for a call:
+/// `Renames::new(&node).rename(..)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Renames<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Renames<'a> {
+    /// The renames served by `node`.
+    pub fn new(node: &'a Node) -> Self {
+        Renames { node }
+    }
+
     /// Renames `(sp, sn)` to `(dp, dn)`; served by the source entry's partition.
     /// `request`: the client's id for this rename (0: none), see the module header.
     #[allow(clippy::too_many_arguments)]
@@ -46,13 +61,14 @@ impl Node {
         check_name(sn)?;
         check_name(dn)?;
         let flags = RenameFlags::from_bits(flags)?;
-        let part = self.local(p)?;
+        let part = self.node.local(p)?;
+        let ns = Namespace::new(self.node);
         let renamed = |_| async { part.store.epoch().map_err(storage_error) };
         replan("rename", 30, || async {
             let r = self
                 .rename_once(part, epoch, (sp, sn), (dp, dn), flags, request)
                 .await;
-            self.settle(part, request, r, renamed).await
+            ns.settle(part, request, r, renamed).await
         })
         .await
     }
@@ -67,15 +83,16 @@ impl Node {
         request: u64,
     ) -> Result<u64, TalonError> {
         let ps = part.id;
-        self.entry_class(part, sp, sn).await?;
-        let (dclass, _) = self.dir_class(part, dp).await?;
-        let pd = entry_partition(dp, dn, dclass, self.partitions_count());
+        let ns = Namespace::new(self.node);
+        ns.entry_class(part, sp, sn).await?;
+        let (dclass, _) = ns.dir_class(part, dp).await?;
+        let pd = entry_partition(dp, dn, dclass, self.node.partitions_count());
         part.linearizable().await?;
         let (src, cur_epoch) = part
             .store
             .read(|v| Ok((v.dentry(sp, sn)?, v.epoch()?)))
             .map_err(storage_error)?;
-        if self.applied(part, request)?.is_some() {
+        if ns.applied(part, request)?.is_some() {
             return Ok(cur_epoch);
         }
         let src = src.ok_or_else(|| {
@@ -95,7 +112,7 @@ impl Node {
                 .read(|v| v.dentry(dp, dn))
                 .map_err(storage_error)?
         } else {
-            self.read_dentry(pd, dp, dn).await?
+            ns.read_dentry(pd, dp, dn).await?
         };
         let exchange = flags.exchange;
         match (&dst, exchange) {
@@ -206,11 +223,11 @@ impl Node {
                     }
                 }
             } else if d.kind == FileKind::Directory {
-                let attr = self
+                let attr = ns
                     .read_inode(d.ino)
                     .await?
                     .ok_or_else(|| TalonError::Retry("destination changed".into()))?;
-                self.plan_dir_removal(&mut parts, d.ino, attr.attr.class);
+                ns.plan_dir_removal(&mut parts, d.ino, attr.attr.class);
                 *nlink_delta.entry(dp).or_default() -= 1;
             } else {
                 parts
@@ -223,7 +240,7 @@ impl Node {
             // Every cached path below the moved directory is now stale: bump the epoch on
             // every partition (this also serializes directory renames: the epoch key is
             // locked while prepared, so the loop check below cannot race another move).
-            for q in 0..self.partitions_count() {
+            for q in 0..self.node.partitions_count() {
                 parts.entry(q).or_default().push(Op::BumpEpoch(0));
             }
         }
@@ -243,14 +260,14 @@ impl Node {
             }
             Ok(())
         };
-        let out = self.run_ops(ps, parts, check).await?;
+        let out = Txns::new(self.node).run_ops(ps, parts, check).await?;
         let mut touches = nlink_delta;
         touches.entry(sp).or_default();
         touches.entry(dp).or_default();
         futures::future::join_all(
             touches
                 .into_iter()
-                .map(|(dir, delta)| self.touch_parent(dir, delta, now)),
+                .map(|(dir, delta)| self.node.touch_parent(dir, delta, now)),
         )
         .await;
         Ok(outcome_epoch(&out).max(cur_epoch))
@@ -268,7 +285,7 @@ impl Node {
             if cur == ROOT_INO {
                 return Ok(());
             }
-            let rec = self
+            let rec = Namespace::new(self.node)
                 .read_inode(cur)
                 .await?
                 .ok_or_else(|| posix(Errno::ENOENT, format!("directory {cur} vanished")))?;

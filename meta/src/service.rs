@@ -6,7 +6,11 @@
 //! partition ids, symlink and xattr sizes, and message sizes (tonic's decoding limit), so
 //! a malformed request gets an error and never reaches a Raft log.
 
+use crate::attrs::Attrs;
+use crate::data::Files;
+use crate::namespace::Namespace;
 use crate::node::{Node, PeerRequest};
+use crate::rename::Renames;
 use crate::types::{NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
@@ -16,7 +20,7 @@ use talon_model::{Attr, ChunkRef, CreateSpec, Ino, Layout, SetAttr, TalonError, 
 use talon_proto::raft::raft_server::{Raft as RaftSvc, RaftServer};
 use talon_proto::raft::{RaftReply, RaftRequest};
 use talon_proto::v1 as pb;
-use talon_proto::v1::namespace_server::{Namespace, NamespaceServer};
+use talon_proto::v1::namespace_server::{Namespace as NamespaceSvc, NamespaceServer};
 use tonic::{Request, Response, Status};
 
 /// Largest client request (a full batch of creates with long names fits well within).
@@ -116,7 +120,7 @@ impl Api {
 }
 
 #[tonic::async_trait]
-impl Namespace for Api {
+impl NamespaceSvc for Api {
     async fn get_cluster_map(&self, _r: Request<pb::ClusterMapRequest>) -> Res<pb::ClusterMap> {
         Ok(Response::new(self.cluster_map()))
     }
@@ -179,8 +183,7 @@ impl Namespace for Api {
     async fn lookup(&self, r: Request<pb::LookupRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (attr, epoch) = self
-            .node
+        let (attr, epoch) = Namespace::new(&self.node)
             .lookup(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
             .await?;
         Ok(Response::new(pb::EntryReply {
@@ -192,8 +195,7 @@ impl Namespace for Api {
     async fn get_attr(&self, r: Request<pb::GetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let attr = self
-            .node
+        let attr = Attrs::new(&self.node)
             .getattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
             .await?;
         Ok(Response::new(pb::AttrReply {
@@ -205,8 +207,7 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         let change = SetAttr::try_from(&r)?.resolve(Time::now());
-        let attr = self
-            .node
+        let attr = Attrs::new(&self.node)
             .setattr(h.partition, h.epoch, Ino(r.ino), change)
             .await?;
         Ok(Response::new(pb::AttrReply {
@@ -219,8 +220,7 @@ impl Namespace for Api {
         let h = header(r.header);
         self.node.room_for(h.partition, 0)?;
         let spec = CreateSpec::try_from(&r)?;
-        let (attr, epoch) = self
-            .node
+        let (attr, epoch) = Namespace::new(&self.node)
             .create(
                 h.partition,
                 h.epoch,
@@ -239,8 +239,7 @@ impl Namespace for Api {
     async fn remove(&self, r: Request<pb::RemoveRequest>) -> Res<pb::RemoveReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (ino, nlink) = self
-            .node
+        let (ino, nlink) = Namespace::new(&self.node)
             .remove(
                 h.partition,
                 h.epoch,
@@ -256,8 +255,7 @@ impl Namespace for Api {
     async fn rename(&self, r: Request<pb::RenameRequest>) -> Res<pb::RenameReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let epoch = self
-            .node
+        let epoch = Renames::new(&self.node)
             .rename(
                 h.partition,
                 h.epoch,
@@ -276,8 +274,7 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, 0)?;
-        let (attr, epoch) = self
-            .node
+        let (attr, epoch) = Namespace::new(&self.node)
             .link(
                 h.partition,
                 h.epoch,
@@ -298,8 +295,7 @@ impl Namespace for Api {
         if r.after.len() > talon_model::name::NAME_MAX {
             return Err(TalonError::Invalid("cursor name over 255 bytes".into()).into());
         }
-        let (entries, more) = self
-            .node
+        let (entries, more) = Namespace::new(&self.node)
             .readdir(
                 h.partition,
                 h.relaxed_read,
@@ -325,8 +321,7 @@ impl Namespace for Api {
     async fn get_xattr(&self, r: Request<pb::GetXattrRequest>) -> Res<pb::GetXattrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let value = self
-            .node
+        let value = Attrs::new(&self.node)
             .getxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino), &r.name)
             .await?;
         Ok(Response::new(pb::GetXattrReply { value }))
@@ -336,7 +331,7 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, r.value.len())?;
-        self.node
+        Attrs::new(&self.node)
             .setxattr(
                 h.partition,
                 h.epoch,
@@ -353,8 +348,7 @@ impl Namespace for Api {
     async fn list_xattr(&self, r: Request<pb::ListXattrRequest>) -> Res<pb::ListXattrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let names = self
-            .node
+        let names = Attrs::new(&self.node)
             .listxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
             .await?;
         Ok(Response::new(pb::ListXattrReply { names }))
@@ -363,7 +357,7 @@ impl Namespace for Api {
     async fn remove_xattr(&self, r: Request<pb::RemoveXattrRequest>) -> Res<pb::Empty> {
         let r = r.into_inner();
         let h = header(r.header);
-        self.node
+        Attrs::new(&self.node)
             .setxattr(
                 h.partition,
                 h.epoch,
@@ -379,8 +373,10 @@ impl Namespace for Api {
 
     async fn stat_fs(&self, r: Request<pb::StatFsRequest>) -> Res<pb::StatFsReply> {
         let h = header(r.into_inner().header);
-        let (inodes, entries) = self.node.statfs(h.partition, h.relaxed_read).await?;
-        let (bytes, disk_bytes) = self.node.usage(h.partition)?;
+        let (inodes, entries) = Attrs::new(&self.node)
+            .statfs(h.partition, h.relaxed_read)
+            .await?;
+        let (bytes, disk_bytes) = Files::new(&self.node).usage(h.partition)?;
         // What may still be written before the disk counts as full.
         let space = self.node.space.reading();
         let usable = space.usable(self.node.space.config());
@@ -401,8 +397,7 @@ impl Namespace for Api {
         let h = header(r.header);
         let class = class_from_wire(r.class)?
             .ok_or_else(|| TalonError::Invalid("class must be relaxed or strict".into()))?;
-        let attr = self
-            .node
+        let attr = Attrs::new(&self.node)
             .set_class(h.partition, h.epoch, Ino(r.ino), class)
             .await?;
         Ok(Response::new(pb::AttrReply {
@@ -413,8 +408,7 @@ impl Namespace for Api {
     async fn read_whole(&self, r: Request<pb::ReadWholeRequest>) -> Res<pb::OpenReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (file, epoch) = self
-            .node
+        let (file, epoch) = Files::new(&self.node)
             .read_whole(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
             .await?;
         Ok(Response::new(open_reply(file, epoch)))
@@ -423,8 +417,7 @@ impl Namespace for Api {
     async fn open(&self, r: Request<pb::OpenRequest>) -> Res<pb::OpenReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let file = self
-            .node
+        let file = Files::new(&self.node)
             .open_file(
                 h.partition,
                 h.relaxed_read,
@@ -440,8 +433,7 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, r.body.len())?;
-        let attr = self
-            .node
+        let attr = Files::new(&self.node)
             .write_small(
                 h.partition,
                 h.epoch,
@@ -459,7 +451,7 @@ impl Namespace for Api {
         let r = r.into_inner();
         let h = header(r.header);
         self.node.room_for(h.partition, r.data.len())?;
-        self.node
+        Files::new(&self.node)
             .put_chunk(h.partition, Ino(r.ino), r.write_id, r.index, r.data)
             .await?;
         Ok(Response::new(pb::Empty {}))
@@ -468,8 +460,7 @@ impl Namespace for Api {
     async fn get_chunk(&self, r: Request<pb::GetChunkRequest>) -> Res<pb::GetChunkReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let data = self
-            .node
+        let data = Files::new(&self.node)
             .get_chunk(
                 h.partition,
                 h.relaxed_read,
@@ -491,8 +482,7 @@ impl Namespace for Api {
             chunk_size: r.chunk_size,
             chunks: r.chunks.iter().map(ChunkRef::from).collect(),
         };
-        let attr = self
-            .node
+        let attr = Files::new(&self.node)
             .commit_layout(
                 h.partition,
                 h.epoch,
@@ -550,22 +540,23 @@ impl Namespace for Api {
                 None => results[i] = Some(Err(TalonError::Invalid("empty batch op".into()))),
             }
         }
-        let node = &self.node;
+        let (ns, attrs) = (Namespace::new(&self.node), Attrs::new(&self.node));
         let read_futs = reads.into_iter().map(|(i, lookup, ino)| async move {
             let res = match lookup {
-                Some((parent, name)) => node
+                Some((parent, name)) => ns
                     .lookup(h.partition, h.relaxed_read, h.epoch, parent, &name)
                     .await
                     .map(|(a, _)| a),
                 None => {
-                    node.getattr(h.partition, h.relaxed_read, h.epoch, ino)
+                    attrs
+                        .getattr(h.partition, h.relaxed_read, h.epoch, ino)
                         .await
                 }
             };
             (i, res)
         });
         let (created, read) = tokio::join!(
-            node.create_batch(h.partition, h.epoch, creates),
+            ns.create_batch(h.partition, h.epoch, creates),
             futures::future::join_all(read_futs)
         );
         for (i, res) in create_idx.into_iter().zip(created?) {

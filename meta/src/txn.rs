@@ -18,6 +18,11 @@
 //! (which answers the decision already recorded, if any) and finishing accordingly. A
 //! crash at any step thus leaves the namespace as before or as after. Readers that meet a
 //! locked key get `Retry`, so no one observes half of a transaction.
+//!
+//! Its operations are methods of [`Txns`], a view of a [`Node`] borrowed for one call
+//! (`Txns::new(&node).run_ops(..)`), so a call names the file that defines it. It builds on
+//! the node's routing and proposals only; the operations that use it (`namespace`,
+//! `rename`, `attrs`) sit above it, and it must not reach up to them.
 
 use crate::node::Node;
 use crate::types::{ApplyError, Command, CommandResult, Op, Outcome, TxId};
@@ -39,7 +44,19 @@ fn rank(e: &TalonError) -> u8 {
     }
 }
 
-impl Node {
+/// The node's transactions: its multi-partition changes and the recovery of their stale
+/// intents. A view of a [`Node`] borrowed for a call: `Txns::new(&node).run_ops(..)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Txns<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Txns<'a> {
+    /// The transactions `node` coordinates and recovers.
+    pub fn new(node: &'a Node) -> Self {
+        Txns { node }
+    }
+
     /// Applies `parts` (partition → ops) atomically. One partition: a single `Atomic`
     /// proposal. Several: two-phase commit coordinated by `coordinator`; `check` runs
     /// after every participant prepared (locks held) and may veto.
@@ -56,7 +73,7 @@ impl Node {
         if parts.len() == 1 {
             let (p, ops) = parts.into_iter().next().unwrap_or_default();
             check().await?;
-            return match self.propose_on(p, Command::Atomic(ops)).await? {
+            return match self.node.propose_on(p, Command::Atomic(ops)).await? {
                 CommandResult::Applied(o) => Ok(BTreeMap::from([(p, o)])),
                 CommandResult::Failed(e) => Err(e.into()),
                 other => Err(TalonError::Unavailable(format!(
@@ -75,7 +92,7 @@ impl Node {
                 ops: ops.clone(),
                 at_ms,
             };
-            async move { (*p, self.propose_on(*p, cmd).await) }
+            async move { (*p, self.node.propose_on(*p, cmd).await) }
         });
         let results = futures::future::join_all(prepares).await;
         let mut refusal: Option<TalonError> = None;
@@ -103,6 +120,7 @@ impl Node {
         }
         crate::fail_point!("txn-prepared");
         match self
+            .node
             .propose_on(coordinator, Command::Decide { txid, commit: true })
             .await
         {
@@ -124,7 +142,8 @@ impl Node {
         let finishes = parts.keys().map(|p| async move {
             (
                 *p,
-                self.propose_on(*p, Command::Finish { txid, commit: true })
+                self.node
+                    .propose_on(*p, Command::Finish { txid, commit: true })
                     .await,
             )
         });
@@ -145,6 +164,7 @@ impl Node {
     async fn abort(&self, txid: TxId, parts: impl Iterator<Item = u32>) {
         // Record the abort first, so a late prepare cannot revive the transaction.
         let _ = self
+            .node
             .propose_on(
                 txid.coordinator,
                 Command::Decide {
@@ -155,6 +175,7 @@ impl Node {
             .await;
         let finishes = parts.map(|p| async move {
             if let Err(e) = self
+                .node
                 .propose_on(
                     p,
                     Command::Finish {
@@ -173,10 +194,10 @@ impl Node {
     /// Resolves prepared intents on partitions this node leads that are older than the
     /// recovery threshold.
     async fn recover_stale(&self) {
-        let threshold = self.config.raft.txn_recovery_after_ms;
+        let threshold = self.node.config.raft.txn_recovery_after_ms;
         let now = Time::now().as_millis();
-        for (p, part) in &self.partitions {
-            if part.leader() != Some(self.config.node_id) {
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
                 continue;
             }
             let prepared = match part.store.prepared() {
@@ -191,6 +212,7 @@ impl Node {
                     continue;
                 }
                 let decision = match self
+                    .node
                     .propose_on(
                         txid.coordinator,
                         Command::Decide {
@@ -229,7 +251,8 @@ impl Node {
 pub async fn recovery_loop(node: Arc<Node>, cancel: CancellationToken) {
     let period =
         Duration::from_millis((node.config.raft.txn_recovery_after_ms / 3).clamp(100, 1000));
-    crate::node::every(period, &cancel, || node.recover_stale()).await;
+    let txns = Txns::new(&node);
+    crate::node::every(period, &cancel, || txns.recover_stale()).await;
 }
 
 /// Turns an apply refusal into the caller's error.

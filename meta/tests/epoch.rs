@@ -6,6 +6,7 @@ mod common;
 use common::TestCluster;
 use std::time::{Duration, Instant};
 use talon_client::CreateSpec;
+use talon_meta::namespace::Namespace;
 use talon_model::placement::entry_partition;
 use talon_model::{Attr, Class, Ino, TalonError};
 
@@ -34,7 +35,10 @@ async fn create_on_leader(
     loop {
         let leader = common::settled_leader(cluster, p).await;
         let node = &cluster.node(leader).expect("node").node;
-        match node.create(p, epoch, parent, name, spec, 0).await {
+        match Namespace::new(node)
+            .create(p, epoch, parent, name, spec, 0)
+            .await
+        {
             Err(TalonError::NotLeader { .. }) if Instant::now() < deadline => continue,
             r => return r,
         }
