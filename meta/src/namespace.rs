@@ -563,7 +563,7 @@ impl<'a> Namespace<'a> {
                 return Err(posix(Errno::EISDIR, "is a directory"));
             }
             let attr = self.attr_of(part, d.ino).await?;
-            self.plan_dir_removal(&mut parts, d.ino, attr.class);
+            plan_dir_removal(&mut parts, d.ino, attr.class, self.node.partitions_count());
         } else {
             if directory {
                 return Err(posix(Errno::ENOTDIR, "not a directory"));
@@ -593,31 +593,6 @@ impl<'a> Namespace<'a> {
         }
         let nlink = outcome_attr(&out, d.ino).map(|a| a.nlink).unwrap_or(0);
         Ok((d.ino, nlink))
-    }
-
-    /// Adds the ops that remove directory `dir`: emptiness checked (and fenced) wherever its
-    /// entries may live, a tombstone on every partition, the inode dropped at its home.
-    pub(crate) fn plan_dir_removal(
-        &self,
-        parts: &mut BTreeMap<u32, Vec<Op>>,
-        dir: Ino,
-        class: Class,
-    ) {
-        let n = self.node.partitions_count();
-        let may_hold = dir_partitions(dir, class, n);
-        for q in 0..n {
-            let ops = parts.entry(q).or_default();
-            if may_hold.contains(&q) {
-                ops.push(Op::ExpectEmpty(dir));
-            }
-            ops.push(Op::Tombstone(dir));
-        }
-        let home = parts.entry(dir.home()).or_default();
-        home.push(Op::ExpectInode {
-            ino: dir,
-            kind: Some(FileKind::Directory),
-        });
-        home.push(Op::DropInode(dir));
     }
 
     /// Links inode `ino` as `(np, nn)`; served by the new entry's partition.
@@ -758,6 +733,31 @@ impl<'a> Namespace<'a> {
         }
         Ok((out, more))
     }
+}
+
+/// Adds the ops that remove directory `dir` of `class`, in a cluster of `partitions`:
+/// emptiness checked (and fenced) wherever its entries may live, a tombstone on every
+/// partition, the inode dropped at its home.
+pub(crate) fn plan_dir_removal(
+    parts: &mut BTreeMap<u32, Vec<Op>>,
+    dir: Ino,
+    class: Class,
+    partitions: u32,
+) {
+    let may_hold = dir_partitions(dir, class, partitions);
+    for q in 0..partitions {
+        let ops = parts.entry(q).or_default();
+        if may_hold.contains(&q) {
+            ops.push(Op::ExpectEmpty(dir));
+        }
+        ops.push(Op::Tombstone(dir));
+    }
+    let home = parts.entry(dir.home()).or_default();
+    home.push(Op::ExpectInode {
+        ino: dir,
+        kind: Some(FileKind::Directory),
+    });
+    home.push(Op::DropInode(dir));
 }
 
 /// Where a create lands, as planning found it on the entry's partition.
