@@ -57,6 +57,9 @@ impl<'a> Attrs<'a> {
         change: AttrChange,
     ) -> Result<Attr, TalonError> {
         self.node.home_part(p, ino)?;
+        // A directory update queued here must land first: times set explicitly would
+        // otherwise be moved forward again by its flush (`dir_touch`).
+        self.node.flush_touch(ino).await?;
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::SetAttr {
@@ -68,7 +71,9 @@ impl<'a> Attrs<'a> {
         let out = Txns::new(self.node)
             .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
             .await?;
-        outcome_attr(&out, ino).ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
+        outcome_attr(&out, ino)
+            .map(|a| self.node.with_queued_touches(a))
+            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 
     /// Reads an xattr (or, for `talon.symlink`, a symlink's target).

@@ -19,6 +19,7 @@
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
 //! - `network`: node-to-node channels and openraft's network for every group.
 //! - `reads`: a replica's own file and directory reads, shared by clients' and peers' paths.
+//! - `dir_touch`: directory attribute updates queued between flushes, and their overlay.
 //! - `partition`: one hosted replica with its proposal merging and read barrier.
 //! - `node`: a whole node (`Node`): storage and Raft groups, routing to other partitions'
 //!   leaders.
@@ -41,6 +42,7 @@ pub mod archive;
 pub mod attrs;
 pub mod config;
 pub mod data;
+pub mod dir_touch;
 pub mod failpoints;
 pub mod format;
 pub mod keys;

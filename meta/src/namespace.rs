@@ -11,10 +11,11 @@
 //! - an inode by its home partition `ino.home()`.
 //!
 //! Directory attribute updates of a parent (mtime, nlink) are applied in the same proposal
-//! when the parent lives on the entry's partition. Otherwise the parent is updated by a
-//! second proposal on its home before the change is answered, in both classes, so the
-//! client that made the change sees them at once (`Node::touch_parent`); only an update
-//! that fails there falls back to a queue flushed every 50 ms.
+//! when the parent lives on the entry's partition. Otherwise `Node::touch_parent` updates
+//! the parent before the change is answered, so the client that made the change sees it
+//! at once: by a second proposal on the parent's home, or, for a file entry in a relaxed
+//! directory whose home this node leads, by queueing the update for the next flush (within
+//! 50 ms) while every read of the directory here shows it (`dir_touch`).
 //!
 //! Renames, removes, links and xattr changes take effect at most once per client request:
 //! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its
@@ -240,7 +241,7 @@ impl<'a> Namespace<'a> {
         } else {
             self.read_inode(ino).await?
         };
-        rec.map(|r| r.attr)
+        rec.map(|r| self.node.with_queued_touches(r.attr))
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 

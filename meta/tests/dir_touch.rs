@@ -1,0 +1,90 @@
+//! A relaxed directory's mtime after a file entry changed on another partition: queued on
+//! the node that leads the directory's home and shown by its reads at once, stored by the
+//! next flush, and never allowed to undo a setattr of the directory's times.
+
+mod common;
+
+use std::time::Duration;
+use talon_client::CreateSpec;
+use talon_model::placement::entry_partition;
+use talon_model::{Class, Ino, SetAttr, Time, TimeSet};
+
+const PARTITIONS: u32 = 8;
+
+/// A name in `dir` whose entry lives on another partition than `dir`'s inode.
+fn away_name(dir: Ino, prefix: &str) -> Vec<u8> {
+    (0..)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .find(|n| entry_partition(dir, n, Class::Relaxed, PARTITIONS) != dir.home())
+        .expect("a name placed away from the directory")
+}
+
+/// `dir`'s mtime as its home partition's store holds it on `node`.
+fn stored_mtime(cluster: &common::TestCluster, node: u64, dir: Ino) -> Option<Time> {
+    let part = cluster
+        .node(node)?
+        .node
+        .partitions
+        .get(&dir.home())?
+        .clone();
+    let rec = part.store.read(|v| v.inode(dir)).ok()??;
+    Some(rec.attr.mtime)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_directory_update_shows_at_once_lands_soon_and_never_undoes_a_setattr() {
+    let (cluster, c) = common::cluster(1, PARTITIONS).await;
+    let d = c
+        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
+        .await
+        .expect("mkdir")
+        .ino;
+    let before = c.getattr(d).await.expect("getattr").mtime;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    // Shown at once to the client that made the change.
+    let f = away_name(d, "f");
+    c.create(d, &f, CreateSpec::file(0o644))
+        .await
+        .expect("create");
+    let shown = c.getattr(d).await.expect("getattr").mtime;
+    assert!(shown > before, "the create moved the directory's mtime");
+
+    // Stored within the flush period (waited for, not timed).
+    common::eventually(Duration::from_secs(30), "the queued update stored", || {
+        let stored = stored_mtime(&cluster, 1, d);
+        async move { stored.filter(|m| *m >= shown).map(|_| ()) }
+    })
+    .await;
+
+    // A setattr of the times right after another queued update keeps the times it set,
+    // also once the update would have been flushed.
+    let g = away_name(d, "g");
+    c.create(d, &g, CreateSpec::file(0o644))
+        .await
+        .expect("create");
+    let old = Time {
+        secs: 1_000_000,
+        nanos: 0,
+    };
+    let set = SetAttr {
+        mtime: Some(TimeSet::At(old)),
+        ..SetAttr::default()
+    };
+    let a = c.setattr(d, set).await.expect("setattr");
+    assert_eq!(a.mtime, old, "the setattr's answer");
+    assert_eq!(c.getattr(d).await.expect("getattr").mtime, old);
+    // A later change moves it again: the flush after it must store that one.
+    let h = away_name(d, "h");
+    c.create(d, &h, CreateSpec::file(0o644))
+        .await
+        .expect("create");
+    let shown = c.getattr(d).await.expect("getattr").mtime;
+    assert!(shown > old);
+    common::eventually(Duration::from_secs(30), "the last update stored", || {
+        let stored = stored_mtime(&cluster, 1, d);
+        async move { stored.filter(|m| *m == shown).map(|_| ()) }
+    })
+    .await;
+    cluster.shutdown().await;
+}
