@@ -7,6 +7,13 @@
 //! chunks, commits that switch the contents atomically). The kernel's open maps onto it as:
 //!
 //! - `open`/`create` open the `File` (a small file's body comes with the open reply);
+//!   a read-only open of a file the kernel was shown as relaxed is *deferred*: it answers
+//!   at once and opens the `File` at the first request that needs it (a read the page
+//!   cache did not serve, a getattr of an unlinked file, an unlink of it here). An epoch
+//!   whose images are in the kernel's page cache then costs no round trip per open, and
+//!   a cold one still costs one (the open that brings the body). What a deferred open
+//!   gives up is relaxed by design: a file another client removed within the staleness
+//!   bound fails at its first read instead of at the open;
 //! - `write` buffers in the `File`; `flush` (every `close(2)`), `fsync` and `release`
 //!   commit, so after `close` returns every later open anywhere sees the new contents
 //!   (close-to-open);
@@ -27,8 +34,8 @@ pub(crate) struct OpenFile {
     pub(crate) ino: Ino,
     /// Opened for writing (`O_WRONLY` or `O_RDWR`).
     pub(crate) writable: bool,
-    /// `None` once closed.
-    file: Mutex<Option<File>>,
+    client: Client,
+    file: Mutex<Slot>,
     /// Whether the `File` holds writes not yet committed, and the size they give it; read
     /// without waiting for the lock by `getattr`.
     dirty: AtomicBool,
@@ -36,6 +43,14 @@ pub(crate) struct OpenFile {
     /// When the last uncommitted change was made: the file's mtime and ctime as this
     /// handle shows them until the commit gives the cluster's own.
     changed: std::sync::Mutex<Time>,
+}
+
+/// Where a handle's `File` stands.
+enum Slot {
+    /// A deferred read-only open (see the module docs): nothing fetched yet.
+    Deferred(OpenOptions),
+    Open(File),
+    Closed,
 }
 
 fn closed(ino: Ino) -> TalonError {
@@ -46,7 +61,7 @@ impl OpenFile {
     /// Opens `ino`'s contents with the kernel's open `flags`. `created` is the file's
     /// attributes when a create of this mount has just answered them: an empty new file
     /// then opens without another round trip. `relaxed`: the kernel was shown the file as
-    /// relaxed, so a read-only open may be served by any replica.
+    /// relaxed, so a read-only open may be served by any replica, and is deferred.
     pub async fn open(
         client: &Client,
         ino: Ino,
@@ -60,19 +75,37 @@ impl OpenFile {
             write: acc != libc::O_RDONLY,
             ..OpenOptions::default()
         };
-        let file = match created {
-            Some(a) => client.open_created(a, opts).await?,
-            None if relaxed => client.open_ino_relaxed(ino, opts).await?,
-            None => client.open_ino(ino, opts).await?,
+        let slot = match created {
+            Some(a) => Slot::Open(client.open_created(a, opts).await?),
+            None if relaxed && !opts.write && flags & libc::O_TRUNC == 0 => Slot::Deferred(opts),
+            None => Slot::Open(client.open_ino(ino, opts).await?),
         };
         Ok(OpenFile {
             ino,
             writable: opts.write,
-            file: Mutex::new(Some(file)),
+            client: client.clone(),
+            file: Mutex::new(slot),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),
             changed: std::sync::Mutex::new(Time::default()),
         })
+    }
+
+    /// Whether the open was deferred and nothing has needed the `File` yet.
+    pub async fn deferred(&self) -> bool {
+        matches!(*self.file.lock().await, Slot::Deferred(_))
+    }
+
+    /// The open `File` in `slot`, opening a deferred one first (a relaxed read-only open,
+    /// as [`Client::open_ino_relaxed`] serves it).
+    async fn file<'a>(&self, slot: &'a mut Slot) -> Result<&'a mut File, TalonError> {
+        if let Slot::Deferred(opts) = *slot {
+            *slot = Slot::Open(self.client.open_ino_relaxed(self.ino, opts).await?);
+        }
+        match slot {
+            Slot::Open(f) => Ok(f),
+            _ => Err(closed(self.ino)),
+        }
     }
 
     /// Records the `File`'s size after a change.
@@ -87,7 +120,7 @@ impl OpenFile {
     /// Up to `len` bytes at `offset` (fewer only at the end of the file).
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, TalonError> {
         let mut g = self.file.lock().await;
-        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        let f = self.file(&mut g).await?;
         f.read_at(offset, u64::from(len)).await
     }
 
@@ -96,7 +129,7 @@ impl OpenFile {
         let n = u32::try_from(data.len())
             .map_err(|_| TalonError::posix(Errno::EINVAL, "write larger than 4 GiB"))?;
         let mut g = self.file.lock().await;
-        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        let f = self.file(&mut g).await?;
         f.write_at(offset, data).await?;
         self.note_change(f).await?;
         Ok(n)
@@ -126,22 +159,23 @@ impl OpenFile {
     /// The attributes as this handle sees them (its size includes uncommitted writes).
     pub async fn metadata(&self) -> Result<Attr, TalonError> {
         let mut g = self.file.lock().await;
-        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        let f = self.file(&mut g).await?;
         f.metadata().await
     }
 
     /// Called before the file's last name is removed. POSIX keeps an unlinked file
-    /// readable through open handles; a small file's whole body is already in the `File`,
-    /// so nothing needs fetching. (A chunked file's chunks are read from the cluster as
-    /// long as it keeps them.)
+    /// readable through open handles; a small file's whole body is in the `File` once it
+    /// is open, so a deferred open is completed now. (A chunked file's chunks are read
+    /// from the cluster as long as it keeps them.)
     pub async fn detach(&self) -> Result<(), TalonError> {
-        Ok(())
+        let mut g = self.file.lock().await;
+        self.file(&mut g).await.map(|_| ())
     }
 
     /// Truncates or extends the file to `size`.
     pub async fn set_len(&self, size: u64) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
-        let f = g.as_mut().ok_or_else(|| closed(self.ino))?;
+        let f = self.file(&mut g).await?;
         f.set_len(size).await?;
         self.note_change(f).await
     }
@@ -149,7 +183,7 @@ impl OpenFile {
     /// Commits what was written, so a later open anywhere sees it (close-to-open).
     pub async fn flush(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
-        let Some(f) = g.as_mut() else {
+        let Slot::Open(f) = &mut *g else {
             return Ok(());
         };
         f.flush().await?;
@@ -160,7 +194,7 @@ impl OpenFile {
     /// Commits what was written, durably (a commit is replicated when it returns).
     pub async fn fsync(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
-        let Some(f) = g.as_mut() else {
+        let Slot::Open(f) = &mut *g else {
             return Ok(());
         };
         f.sync_all().await?;
@@ -170,7 +204,7 @@ impl OpenFile {
 
     /// The last close of this handle: commits anything left.
     pub async fn close(&self) -> Result<(), TalonError> {
-        let Some(f) = self.file.lock().await.take() else {
+        let Slot::Open(f) = std::mem::replace(&mut *self.file.lock().await, Slot::Closed) else {
             return Ok(());
         };
         let r = f.close().await;

@@ -356,23 +356,30 @@ impl Shared {
     }
 
     /// Opens regular file `i` with the kernel's `flags`: one RPC, which also brings a small
-    /// file's body. Returns the handle, the open flags for the kernel and the attributes.
-    /// `created`: the attributes a create has just answered (see [`OpenFile::open`]).
+    /// file's body, or none for a deferred open (see [`OpenFile::open`]). Returns the
+    /// handle, the open flags for the kernel and the attributes the open fetched, if any.
+    /// `created`: the attributes a create has just answered.
     async fn open_file(
         &self,
         i: Ino,
         flags: i32,
         created: Option<Attr>,
-    ) -> Result<(u64, FopenFlags, Attr), TalonError> {
+    ) -> Result<(u64, FopenFlags, Option<Attr>), TalonError> {
         let relaxed = self.relaxed.contains(&i);
         let file = OpenFile::open(&self.client, i, flags, created, relaxed).await?;
-        let attr = file.metadata().await?;
+        // A deferred open has fetched nothing; its class is the one the kernel was shown.
+        let (class, attr) = if file.deferred().await {
+            (Class::Relaxed, None)
+        } else {
+            let a = file.metadata().await?;
+            (a.class, Some(a))
+        };
         let fh = self.files.insert(file);
         self.open_inos.entry(i).or_default().push(fh);
         // Relaxed files may keep their page cache across opens (the kernel still drops it
         // when it sees the size or mtime change); strict ones start afresh on every open,
         // which together with the flush at close gives close-to-open consistency.
-        let flags = match attr.class {
+        let flags = match class {
             Class::Relaxed => FopenFlags::FOPEN_KEEP_CACHE,
             Class::Strict => FopenFlags::empty(),
         };
@@ -1105,7 +1112,8 @@ impl Filesystem for TalonFs {
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
                 let a = s.client.create(ino(parent), &name, spec).await?;
-                let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
+                let (fh, fflags, opened) = s.open_file(a.ino, flags, Some(a.clone())).await?;
+                let a = opened.unwrap_or(a);
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).
                     if let Some(f) = s.files.get(fh) {
