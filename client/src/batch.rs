@@ -15,17 +15,15 @@ use crate::client::{read_kind, Client};
 use crate::router::ReadKind;
 use crate::settle::Scope;
 use crate::types::CreateSpec;
-use crate::wire::{attr_of, header};
+use crate::wire::replies;
+use crate::wire::requests::{self, request_id, BatchOp, Header};
 use futures::stream::{self, StreamExt};
 use std::collections::BTreeMap;
 use talon_model::placement::entry_partition;
 use talon_model::{check_name, Attr, Backoff, Class, Ino, TalonError};
-use talon_proto::v1 as pb;
-use talon_proto::v1::batch_op::Op;
-use talon_proto::v1::batch_result::Result as BatchOutcome;
 
 /// One op bound for a partition, with its position in the caller's input.
-type Slot = (usize, Op);
+type Slot = (usize, BatchOp);
 
 impl Client {
     /// Creates every `(name, spec)` in `parent`. The result for each input is at the same
@@ -61,10 +59,16 @@ impl Client {
             let ops = ops
                 .into_iter()
                 .map(|(i, name, spec)| {
-                    (
-                        i,
-                        Op::Create(self.create_request(p, parent, &name, &spec, 0)),
-                    )
+                    // The id goes with the op through every resend of its batch.
+                    let op = requests::batch_create(
+                        Header::new(p, ReadKind::Write, 0),
+                        parent,
+                        &name,
+                        &spec,
+                        self.owner(),
+                        request_id(),
+                    );
+                    (i, op)
                 })
                 .collect();
             (p, ops)
@@ -102,11 +106,7 @@ impl Client {
                 continue;
             }
             let p = entry_partition(parent, &name, class, parts);
-            let op = Op::Lookup(pb::LookupRequest {
-                header: None,
-                parent: parent.0,
-                name,
-            });
+            let op = requests::batch_lookup(parent, &name);
             groups.entry(p).or_default().push((i, op));
         }
         for (i, r) in self
@@ -123,10 +123,7 @@ impl Client {
     pub async fn getattr_batch(&self, inos: &[Ino]) -> Vec<Result<Attr, TalonError>> {
         let mut groups: BTreeMap<u32, Vec<Slot>> = BTreeMap::new();
         for (i, ino) in inos.iter().enumerate() {
-            let op = Op::Getattr(pb::GetAttrRequest {
-                header: None,
-                ino: ino.0,
-            });
+            let op = requests::batch_get_attr(*ino);
             groups.entry(ino.home()).or_default().push((i, op));
         }
         let mut results: Vec<Option<Result<Attr, TalonError>>> = vec![None; inos.len()];
@@ -206,20 +203,11 @@ impl Client {
         slots: &[Slot],
         read: ReadKind,
     ) -> Vec<Result<Attr, TalonError>> {
-        let ops: Vec<pb::BatchOp> = slots
-            .iter()
-            .map(|(_, op)| pb::BatchOp {
-                op: Some(op.clone()),
-            })
-            .collect();
-        let ops = &ops;
         let read = self.read_for(p, read);
         let reply = self
             .settle(Scope::Inode, |epoch| async move {
-                let req = pb::BatchRequest {
-                    header: header(p, read, epoch),
-                    ops: ops.clone(),
-                };
+                let req =
+                    requests::batch(Header::new(p, read, epoch), slots.iter().map(|(_, op)| op));
                 self.call(p, read, |mut c| {
                     let req = req.clone();
                     async move { c.batch(req).await }
@@ -229,18 +217,7 @@ impl Client {
             .await;
         match reply {
             Err(e) => vec![Err(e); slots.len()],
-            Ok(reply) => {
-                let mut answers = reply.results.into_iter();
-                (0..slots.len())
-                    .map(|_| match answers.next().and_then(|r| r.result) {
-                        Some(BatchOutcome::Attr(a)) => attr_of(Some(a)),
-                        Some(BatchOutcome::Error(d)) => Err(TalonError::from_detail(d)),
-                        None => Err(TalonError::Invalid(
-                            "batch reply without this op's result".into(),
-                        )),
-                    })
-                    .collect()
-            }
+            Ok(reply) => replies::batch(reply, slots.len()),
         }
     }
 }

@@ -27,9 +27,10 @@ use crate::options::ClientOptions;
 use crate::path_cache::PathCache;
 use crate::router::{ReadKind, Router};
 use crate::settle::Scope;
-use crate::transport::LocalNode;
-use crate::types::{CreateSpec, NodeSpace, NodeStatus, RenameFlags, SetAttr, StatFs, XattrFlags};
-use crate::wire::{attr_of, header, request_id};
+use crate::transport::{LocalNode, NodeClient};
+use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, XattrFlags};
+use crate::wire::replies;
+use crate::wire::requests::{self, request_id, Header};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +39,6 @@ use std::time::{Duration, Instant};
 use talon_model::placement::entry_partition;
 use talon_model::SYMLINK_XATTR;
 use talon_model::{check_name, Attr, Class, Errno, FileKind, Ino, TalonError};
-use talon_proto::v1 as pb;
 
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
@@ -227,7 +227,7 @@ impl Client {
         f: F,
     ) -> Result<T, TalonError>
     where
-        F: Fn(pb::namespace_client::NamespaceClient<crate::transport::Conn>) -> Fut,
+        F: Fn(NodeClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         if read == ReadKind::Write {
@@ -285,19 +285,16 @@ impl Client {
     ) -> Result<(Attr, u64), TalonError> {
         let p = self.partition_of(parent, name, class);
         let read = self.read_for(p, read);
-        let req = pb::LookupRequest {
-            header: header(p, read, epoch),
-            parent: parent.0,
-            name: name.to_vec(),
-        };
+        let req = requests::lookup(Header::new(p, read, epoch), parent, name);
         let reply = self
             .call(p, read, |mut c| {
                 let req = req.clone();
                 async move { c.lookup(req).await }
             })
             .await?;
+        let reply = replies::entry(reply);
         self.cache().observe_epoch(reply.epoch);
-        Ok((attr_of(reply.attr)?, reply.epoch.max(epoch)))
+        Ok((reply.value?, reply.epoch.max(epoch)))
     }
 
     pub(crate) async fn rpc_getattr(
@@ -308,33 +305,16 @@ impl Client {
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let read = self.read_for(p, read);
-        let req = pb::GetAttrRequest {
-            header: header(p, read, epoch),
-            ino: ino.0,
-        };
+        let req = requests::get_attr(Header::new(p, read, epoch), ino);
         let reply = self
             .call(p, read, |mut c| async move { c.get_attr(req).await })
             .await?;
-        attr_of(reply.attr)
+        replies::attr(reply)
     }
 
-    pub(crate) fn create_request(
-        &self,
-        p: u32,
-        parent: Ino,
-        name: &[u8],
-        spec: &CreateSpec,
-        epoch: u64,
-    ) -> pb::CreateRequest {
-        // One token per logical create: the router resends this very request, so a retry
-        // after a lost reply finds its own inode instead of EEXIST.
-        spec.to_request(
-            header(p, ReadKind::Write, epoch),
-            parent,
-            name,
-            (self.inner.opts.uid, self.inner.opts.gid),
-            request_id(),
-        )
+    /// The owner (uid, gid) of new inodes whose spec leaves it open.
+    pub(crate) fn owner(&self) -> (u32, u32) {
+        (self.inner.opts.uid, self.inner.opts.gid)
     }
 
     /// `Create`; fills the cache with the new entry.
@@ -347,16 +327,26 @@ impl Client {
         epoch: u64,
     ) -> Result<(Attr, u64), TalonError> {
         let p = self.partition_of(parent, name, class);
-        let req = self.create_request(p, parent, name, spec, epoch);
+        // One token per logical create: the router resends this very request, so a retry
+        // after a lost reply finds its own inode instead of EEXIST.
+        let req = requests::create(
+            Header::new(p, ReadKind::Write, epoch),
+            parent,
+            name,
+            spec,
+            self.owner(),
+            request_id(),
+        );
         let reply = self
             .call(p, ReadKind::Write, |mut c| {
                 let req = req.clone();
                 async move { c.create(req).await }
             })
             .await?;
+        let reply = replies::entry(reply);
         self.cache().observe_epoch(reply.epoch);
         self.changed_dir(parent);
-        let attr = attr_of(reply.attr)?;
+        let attr = reply.value?;
         let stamp = reply.epoch.max(epoch);
         self.cache()
             .insert_dentry(parent, class, name, &attr, stamp);
@@ -370,15 +360,15 @@ impl Client {
         name: &[u8],
         directory: bool,
         epoch: u64,
-    ) -> Result<pb::RemoveReply, TalonError> {
+    ) -> Result<(Ino, u32), TalonError> {
         let p = self.partition_of(parent, name, class);
-        let req = pb::RemoveRequest {
-            header: header(p, ReadKind::Write, epoch),
-            parent: parent.0,
-            name: name.to_vec(),
+        let req = requests::remove(
+            Header::new(p, ReadKind::Write, epoch),
+            parent,
+            name,
             directory,
-            request_id: request_id(),
-        };
+            request_id(),
+        );
         let r = self
             .call(p, ReadKind::Write, |mut c| {
                 let req = req.clone();
@@ -388,16 +378,16 @@ impl Client {
         // Whatever the answer, what this client believed about the name is in doubt.
         self.cache().remove_dentry(parent, name);
         self.changed_dir(parent);
-        let reply = r?;
+        let (ino, nlink) = replies::remove(r?);
         // The inode's link count changed at its own home, which may be another partition.
-        self.note_write(Ino(reply.ino).home());
+        self.note_write(ino.home());
         if directory {
-            self.cache().forget_class(Ino(reply.ino));
+            self.cache().forget_class(ino);
         } else {
             // Other names of the inode now show another link count.
-            self.cache().forget_attr(Ino(reply.ino));
+            self.cache().forget_attr(ino);
         }
-        Ok(reply)
+        Ok((ino, nlink))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -434,15 +424,15 @@ impl Client {
             _ => self.note_write_everywhere(),
         };
         note_homes();
-        let req = pb::RenameRequest {
-            header: header(p, ReadKind::Write, epoch),
-            src_parent: src_parent.0,
-            src_name: src_name.to_vec(),
-            dst_parent: dst_parent.0,
-            dst_name: dst_name.to_vec(),
-            flags: flags.bits(),
-            request_id: request_id(),
-        };
+        let req = requests::rename(
+            Header::new(p, ReadKind::Write, epoch),
+            src_parent,
+            src_name,
+            dst_parent,
+            dst_name,
+            flags,
+            request_id(),
+        );
         let r = self
             .call(p, ReadKind::Write, |mut c| {
                 let req = req.clone();
@@ -457,7 +447,7 @@ impl Client {
         self.cache().remove_dentry(dst_parent, dst_name);
         self.changed_dir(src_parent);
         self.changed_dir(dst_parent);
-        self.cache().observe_epoch(r?.epoch);
+        self.cache().observe_epoch(replies::rename(r?));
         Ok(())
     }
 
@@ -470,21 +460,22 @@ impl Client {
         epoch: u64,
     ) -> Result<Attr, TalonError> {
         let p = self.partition_of(new_parent, new_name, class);
-        let req = pb::LinkRequest {
-            header: header(p, ReadKind::Write, epoch),
-            ino: ino.0,
-            new_parent: new_parent.0,
-            new_name: new_name.to_vec(),
-            request_id: request_id(),
-        };
+        let req = requests::link(
+            Header::new(p, ReadKind::Write, epoch),
+            ino,
+            new_parent,
+            new_name,
+            request_id(),
+        );
         let reply = self
             .call(p, ReadKind::Write, |mut c| {
                 let req = req.clone();
                 async move { c.link(req).await }
             })
             .await?;
+        let reply = replies::entry(reply);
         self.cache().observe_epoch(reply.epoch);
-        let (attr, stamp) = (attr_of(reply.attr)?, reply.epoch.max(epoch));
+        let (attr, stamp) = (reply.value?, reply.epoch.max(epoch));
         // The link count changed at the inode's home, which may be another partition.
         self.note_write(ino.home());
         self.cache().note_attr(&attr);
@@ -533,7 +524,7 @@ impl Client {
     pub async fn setattr(&self, ino: Ino, set: SetAttr) -> Result<Attr, TalonError> {
         let p = ino.home();
         self.settle(Scope::Inode, |epoch| {
-            let req = set.to_request(header(p, ReadKind::Write, epoch), ino);
+            let req = requests::set_attr(Header::new(p, ReadKind::Write, epoch), ino, &set);
             async move {
                 let reply = self
                     .call(
@@ -542,7 +533,7 @@ impl Client {
                         |mut c| async move { c.set_attr(req).await },
                     )
                     .await?;
-                let attr = attr_of(reply.attr)?;
+                let attr = replies::attr(reply)?;
                 self.cache().note_attr(&attr);
                 Ok(attr)
             }
@@ -574,12 +565,10 @@ impl Client {
         directory: bool,
     ) -> Result<(Ino, u32), TalonError> {
         check_name(name)?;
-        let reply = self
-            .settle_in(parent, |class, epoch| {
-                self.rpc_remove(parent, class, name, directory, epoch)
-            })
-            .await?;
-        Ok((Ino(reply.ino), reply.nlink))
+        self.settle_in(parent, |class, epoch| {
+            self.rpc_remove(parent, class, name, directory, epoch)
+        })
+        .await
     }
 
     /// Renames `src_name` in `src_parent` to `dst_name` in `dst_parent`, atomically, across
@@ -650,18 +639,14 @@ impl Client {
     ) -> Result<Vec<u8>, TalonError> {
         let p = ino.home();
         let read = self.read_for(p, read);
-        let req = pb::GetXattrRequest {
-            header: header(p, read, epoch),
-            ino: ino.0,
-            name: name.to_vec(),
-        };
+        let req = requests::get_xattr(Header::new(p, read, epoch), ino, name);
         let r = self
             .call(p, read, |mut c| {
                 let req = req.clone();
                 async move { c.get_xattr(req).await }
             })
             .await?;
-        Ok(r.value)
+        Ok(replies::get_xattr(r))
     }
 
     /// Sets xattr `name` of `ino` to `value`.
@@ -675,14 +660,14 @@ impl Client {
         let p = ino.home();
         let request_id = request_id();
         self.settle(Scope::Inode, |epoch| {
-            let req = pb::SetXattrRequest {
-                header: header(p, ReadKind::Write, epoch),
-                ino: ino.0,
-                name: name.to_vec(),
-                value: value.to_vec(),
-                flags: flags.bits(),
+            let req = requests::set_xattr(
+                Header::new(p, ReadKind::Write, epoch),
+                ino,
+                name,
+                value,
+                flags,
                 request_id,
-            };
+            );
             async move {
                 self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
@@ -699,17 +684,14 @@ impl Client {
     pub async fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>, TalonError> {
         let p = ino.home();
         self.settle(Scope::Inode, |epoch| {
-            let req = pb::ListXattrRequest {
-                header: header(p, ReadKind::StrictRead, epoch),
-                ino: ino.0,
-            };
+            let req = requests::list_xattr(Header::new(p, ReadKind::StrictRead, epoch), ino);
             async move {
                 let r = self
                     .call(p, ReadKind::StrictRead, |mut c| async move {
                         c.list_xattr(req).await
                     })
                     .await?;
-                Ok(r.names)
+                Ok(replies::list_xattr(r))
             }
         })
         .await
@@ -720,12 +702,12 @@ impl Client {
         let p = ino.home();
         let request_id = request_id();
         self.settle(Scope::Inode, |epoch| {
-            let req = pb::RemoveXattrRequest {
-                header: header(p, ReadKind::Write, epoch),
-                ino: ino.0,
-                name: name.to_vec(),
+            let req = requests::remove_xattr(
+                Header::new(p, ReadKind::Write, epoch),
+                ino,
+                name,
                 request_id,
-            };
+            );
             async move {
                 self.call(p, ReadKind::Write, |mut c| {
                     let req = req.clone();
@@ -757,11 +739,7 @@ impl Client {
         let p = ino.home();
         let attr = self
             .settle(Scope::Inode, |epoch| {
-                let req = pb::SetClassRequest {
-                    header: header(p, ReadKind::Write, epoch),
-                    ino: ino.0,
-                    class: pb::ConsistencyClass::from(class) as i32,
-                };
+                let req = requests::set_class(Header::new(p, ReadKind::Write, epoch), ino, class);
                 async move {
                     let r = self
                         .call(
@@ -770,7 +748,7 @@ impl Client {
                             |mut c| async move { c.set_class(req).await },
                         )
                         .await?;
-                    attr_of(r.attr)
+                    replies::attr(r)
                 }
             })
             .await;
@@ -794,9 +772,7 @@ impl Client {
     pub async fn statfs(&self) -> Result<StatFs, TalonError> {
         let mut calls: FuturesUnordered<_> = (0..self.router().partitions())
             .map(|p| {
-                let req = pb::StatFsRequest {
-                    header: header(p, ReadKind::RelaxedRead, 0),
-                };
+                let req = requests::stat_fs(Header::new(p, ReadKind::RelaxedRead, 0));
                 async move {
                     self.call(p, ReadKind::RelaxedRead, |mut c| async move {
                         c.stat_fs(req).await
@@ -808,13 +784,13 @@ impl Client {
         let mut sum = StatFs::default();
         let mut nodes = std::collections::BTreeMap::new();
         while let Some(r) = calls.next().await {
-            let r = r?;
-            sum.inodes += r.inodes;
-            sum.bytes += r.bytes;
-            sum.entries += r.entries;
+            let (node, usage) = replies::stat_fs(r?);
+            sum.inodes += usage.inodes;
+            sum.bytes += usage.bytes;
+            sum.entries += usage.entries;
             nodes.insert(
-                r.node_id,
-                (r.fs_total_bytes, r.fs_free_bytes, r.fs_avail_bytes),
+                node,
+                (usage.space_total, usage.space_free, usage.space_avail),
             );
         }
         // Each partition was answered by whichever replica the router chose, so some nodes
@@ -845,19 +821,17 @@ impl Client {
                 .router()
                 .call_node(
                     n.id,
-                    |mut c| async move { c.status(pb::StatusRequest {}).await },
+                    |mut c| async move { c.status(requests::status()).await },
                 )
                 .await;
-            let space = r.as_ref().ok().map(|s| NodeSpace {
-                level: s.space_level.clone(),
-                used: s.space_used,
-                total: s.space_total_bytes,
-                usable: s.space_usable_bytes,
-            });
+            let (partitions, space) = match r.map(replies::status) {
+                Ok((partitions, space)) => (Ok(partitions), Some(space)),
+                Err(e) => (Err(e), None),
+            };
             NodeStatus {
                 node_id: n.id,
                 addr: n.addr,
-                partitions: r.map(|s| s.partitions.into_iter().map(Into::into).collect()),
+                partitions,
                 space,
             }
         });

@@ -28,11 +28,11 @@ use crate::path::{self, Components};
 use crate::paths::split_last;
 use crate::router::ReadKind;
 use crate::settle::Scope;
-use crate::wire::{attr_of, header};
+use crate::wire::replies;
+use crate::wire::requests::{self, Header};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use talon_model::placement::{chunk_partition, entry_partition};
 use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
-use talon_proto::v1 as pb;
 
 /// Chunk reads in flight at once for one read.
 pub const READ_CONCURRENCY: usize = 8;
@@ -42,6 +42,9 @@ pub const WRITE_CONCURRENCY: usize = 8;
 
 /// Largest gRPC message the data calls send or accept: a whole chunk plus its envelope.
 pub(crate) const MAX_MESSAGE: usize = 80 << 20;
+
+/// The `expect_generation` of every write here: no check, the last writer to commit wins.
+const ANY_GENERATION: u64 = 0;
 
 /// Symlinks followed while opening one path before ELOOP (as in path resolution).
 const MAX_SYMLINK_HOPS: u32 = 40;
@@ -109,11 +112,7 @@ impl Client {
     ) -> Result<Opened, TalonError> {
         let p = entry_partition(dir, name, class, self.router().partitions());
         let read = self.read_for(p, read);
-        let req = pb::ReadWholeRequest {
-            header: header(p, read, epoch),
-            parent: dir.0,
-            name: name.to_vec(),
-        };
+        let req = requests::read_whole(Header::new(p, read, epoch), dir, name);
         let reply = self
             .call(p, read, |c| {
                 let req = req.clone();
@@ -124,8 +123,9 @@ impl Client {
                 }
             })
             .await?;
+        let reply = replies::open(reply);
         self.cache().observe_epoch(reply.epoch);
-        let opened = Opened::try_from(reply)?;
+        let opened = reply.value?;
         self.cache()
             .insert_dentry(dir, class, name, &opened.attr, epoch.max(self.epoch()));
         Ok(opened)
@@ -142,17 +142,13 @@ impl Client {
         let read = self.read_for(p, read);
         let reply = self
             .settle(Scope::Inode, |epoch| {
-                let req = pb::OpenRequest {
-                    header: header(p, read, epoch),
-                    ino: ino.0,
-                    want_body,
-                };
+                let req = requests::open(Header::new(p, read, epoch), ino, want_body);
                 self.call(p, read, move |c| async move {
                     c.max_decoding_message_size(MAX_MESSAGE).open(req).await
                 })
             })
             .await?;
-        Opened::try_from(reply)
+        replies::open(reply).value
     }
 
     /// `WriteSmall`: `body` becomes the whole contents of `ino`.
@@ -160,12 +156,12 @@ impl Client {
         let p = ino.home();
         let reply = self
             .settle(Scope::Inode, |epoch| {
-                let req = pb::WriteSmallRequest {
-                    header: header(p, ReadKind::Write, epoch),
-                    ino: ino.0,
-                    body: body.to_vec(),
-                    expect_generation: 0,
-                };
+                let req = requests::write_small(
+                    Header::new(p, ReadKind::Write, epoch),
+                    ino,
+                    body,
+                    ANY_GENERATION,
+                );
                 self.call(p, ReadKind::Write, move |c| {
                     let req = req.clone();
                     async move {
@@ -176,7 +172,7 @@ impl Client {
                 })
             })
             .await?;
-        let attr = attr_of(reply.attr)?;
+        let attr = replies::attr(reply)?;
         self.cache().note_attr(&attr);
         Ok(attr)
     }
@@ -191,13 +187,13 @@ impl Client {
         data: &[u8],
     ) -> Result<(), TalonError> {
         let p = chunk_partition(ino, index, self.router().partitions());
-        let req = pb::PutChunkRequest {
-            header: header(p, ReadKind::Write, 0),
-            ino: ino.0,
+        let req = requests::put_chunk(
+            Header::new(p, ReadKind::Write, 0),
+            ino,
             write_id,
             index,
-            data: data.to_vec(),
-        };
+            data,
+        );
         self.call(p, ReadKind::Write, |c| {
             let req = req.clone();
             async move {
@@ -222,14 +218,14 @@ impl Client {
     ) -> Result<Vec<u8>, TalonError> {
         let p = chunk_partition(ino, index, self.router().partitions());
         let ask = |read: ReadKind| {
-            let req = pb::GetChunkRequest {
-                header: header(p, read, 0),
-                ino: ino.0,
+            let req = requests::get_chunk(
+                Header::new(p, read, 0),
+                ino,
                 write_id,
                 index,
                 offset,
                 length,
-            };
+            );
             self.call(p, read, move |c| async move {
                 c.max_decoding_message_size(MAX_MESSAGE)
                     .get_chunk(req)
@@ -244,7 +240,7 @@ impl Client {
             }
             r => r?,
         };
-        let mut data = reply.data;
+        let mut data = replies::get_chunk(reply);
         if data.len() > length as usize {
             return Err(TalonError::Invalid(format!(
                 "chunk {index} of inode {ino}: {} bytes for a read of {length}",
@@ -264,25 +260,23 @@ impl Client {
         chunks: &[ChunkRef],
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
-        let wire: Vec<pb::ChunkRef> = chunks.iter().map(pb::ChunkRef::from).collect();
-        let wire = &wire;
         let reply = self
             .settle(Scope::Inode, |epoch| {
-                let req = pb::CommitLayoutRequest {
-                    header: header(p, ReadKind::Write, epoch),
-                    ino: ino.0,
+                let req = requests::commit_layout(
+                    Header::new(p, ReadKind::Write, epoch),
+                    ino,
                     size,
                     chunk_size,
-                    chunks: wire.clone(),
-                    expect_generation: 0,
-                };
+                    chunks,
+                    ANY_GENERATION,
+                );
                 self.call(p, ReadKind::Write, move |mut c| {
                     let req = req.clone();
                     async move { c.commit_layout(req).await }
                 })
             })
             .await?;
-        let attr = attr_of(reply.attr)?;
+        let attr = replies::attr(reply)?;
         self.cache().note_attr(&attr);
         Ok(attr)
     }

@@ -12,11 +12,11 @@ use crate::client::{read_kind, Client};
 use crate::router::ReadKind;
 use crate::settle::Scope;
 use crate::types::DirEntry;
-use crate::wire::header;
+use crate::wire::replies;
+use crate::wire::requests::{self, Header};
 use futures::{Stream, StreamExt};
 use talon_model::placement::dir_partitions;
 use talon_model::{Ino, TalonError};
-use talon_proto::v1 as pb;
 
 /// Where a listing continues: a partition (by position in the directory's partition list)
 /// and the last name returned from it.
@@ -114,26 +114,16 @@ impl Client {
             };
             let epoch = self.epoch();
             let read = self.read_for(p, read);
-            let req = pb::ReadDirRequest {
-                header: header(p, read, epoch),
-                dir: dir.0,
-                after: cur.after.clone(),
-                limit,
-                plus,
-            };
+            let req = requests::read_dir(Header::new(p, read, epoch), dir, &cur.after, limit, plus);
             let reply = self
                 .call(p, read, |mut c| {
                     let req = req.clone();
                     async move { c.read_dir(req).await }
                 })
                 .await?;
-            let entries = reply
-                .entries
-                .into_iter()
-                .map(DirEntry::try_from)
-                .collect::<Result<Vec<_>, _>>()?;
+            let (entries, more) = replies::read_dir(reply)?;
             let last = entries.last().map(|e| e.name.as_slice());
-            let next = DirCursor::advance(cur.index, parts.len(), reply.more, last);
+            let next = DirCursor::advance(cur.index, parts.len(), more, last);
             if !entries.is_empty() {
                 return Ok((entries, next));
             }

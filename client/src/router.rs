@@ -26,15 +26,14 @@
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
-use crate::transport::{Conn, LocalNode};
+use crate::transport::{Conn, LocalNode, NodeClient};
+use crate::wire::requests;
 use dashmap::DashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use talon_model::{Backoff, TalonError};
-use talon_proto::v1 as pb;
-use talon_proto::v1::namespace_client::NamespaceClient;
 use tonic::transport::Endpoint;
 
 /// Redirects followed in a row before the router starts pausing between them (two nodes
@@ -307,7 +306,7 @@ impl Router {
     /// Sends one RPC to node `id` without routing or retries (used for `Status`).
     pub async fn call_node<T, F, Fut>(&self, id: u64, f: F) -> Result<T, TalonError>
     where
-        F: FnOnce(NamespaceClient<Conn>) -> Fut,
+        F: FnOnce(NodeClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let state = self.state();
@@ -315,7 +314,7 @@ impl Router {
             .map
             .node(id)
             .ok_or_else(|| TalonError::Invalid(format!("no node {id} in the cluster map")))?;
-        let client = NamespaceClient::new(self.channel(&node.addr));
+        let client = NodeClient::new(self.channel(&node.addr));
         self.rpcs.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout(self.opts.request_timeout, f(client)).await {
             Ok(r) => r.map(|r| r.into_inner()).map_err(TalonError::from),
@@ -334,7 +333,7 @@ impl Router {
         f: F,
     ) -> Result<T, TalonError>
     where
-        F: Fn(NamespaceClient<Conn>) -> Fut,
+        F: Fn(NodeClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let deadline = Instant::now() + self.opts.op_timeout;
@@ -372,7 +371,7 @@ impl Router {
                 turn += 1;
                 continue;
             };
-            let client = NamespaceClient::new(self.channel(&node.addr));
+            let client = NodeClient::new(self.channel(&node.addr));
             self.rpcs.fetch_add(1, Ordering::Relaxed);
             let remaining = deadline.saturating_duration_since(Instant::now());
             let outcome = match tokio::time::timeout(remaining, f(client)).await {
@@ -450,9 +449,9 @@ impl Router {
 }
 
 async fn fetch_map(ch: Conn) -> Result<ClusterMap, TalonError> {
-    let mut client = NamespaceClient::new(ch);
+    let mut client = NodeClient::new(ch);
     let reply = client
-        .get_cluster_map(pb::ClusterMapRequest {})
+        .get_cluster_map(requests::cluster_map())
         .await
         .map_err(TalonError::from)?;
     ClusterMap::try_from(reply.into_inner())

@@ -10,6 +10,7 @@
 //! connection. Every other node of the cluster map is reached over the network as before.
 
 use std::task::{Context, Poll};
+use talon_proto::v1::namespace_client::NamespaceClient;
 use tonic::body::Body;
 use tonic::transport::Channel;
 use tower::util::BoxCloneSyncService;
@@ -57,6 +58,10 @@ impl std::fmt::Debug for LocalNode {
             .finish_non_exhaustive()
     }
 }
+
+/// The generated gRPC client of the `Namespace` service, sending through a [`Conn`]: what
+/// every RPC is made with.
+pub type NodeClient = NamespaceClient<Conn>;
 
 /// The way to one node: what the generated `NamespaceClient` sends its requests through.
 #[derive(Clone)]

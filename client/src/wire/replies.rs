@@ -1,0 +1,168 @@
+//! Reply messages, read into domain values: one function per reply message, named after
+//! it, and `TryFrom`/`From` for the nouns replies carry (a directory entry, a partition's
+//! status). Every field a reply must carry is checked here, so that a
+//! malformed reply is an `Invalid` error, never a panic.
+
+use crate::data::Opened;
+use crate::types::{DirEntry, NodeSpace, PartitionStatus, StatFs};
+use talon_model::{Attr, FileKind, Ino, Layout, TalonError};
+use talon_proto::v1 as pb;
+use talon_proto::v1::batch_result::Result as BatchOutcome;
+
+/// A reply that carries the answering partition's namespace epoch beside what it is
+/// about. The epoch is read apart from the rest: it holds even when the rest is malformed,
+/// so a caller records it, and the change a write made, before it fails on the rest.
+pub(crate) struct Stamped<T> {
+    /// The namespace epoch at the answering partition.
+    pub(crate) epoch: u64,
+    /// The rest of the reply, checked.
+    pub(crate) value: Result<T, TalonError>,
+}
+
+/// The attributes a reply must carry.
+fn attr_of(a: Option<pb::Attr>) -> Result<Attr, TalonError> {
+    a.ok_or_else(|| TalonError::Invalid("reply without attributes".into()))?
+        .try_into()
+}
+
+/// `EntryReply` (to `Lookup`, `Create` and `Link`): the entry's attributes.
+pub(crate) fn entry(r: pb::EntryReply) -> Stamped<Attr> {
+    Stamped {
+        epoch: r.epoch,
+        value: attr_of(r.attr),
+    }
+}
+
+/// `AttrReply`: the inode's attributes.
+pub(crate) fn attr(r: pb::AttrReply) -> Result<Attr, TalonError> {
+    attr_of(r.attr)
+}
+
+/// `RemoveReply`: the removed entry's ino and its link count after the removal.
+pub(crate) fn remove(r: pb::RemoveReply) -> (Ino, u32) {
+    (Ino(r.ino), r.nlink)
+}
+
+/// `RenameReply`: the namespace epoch after the rename.
+pub(crate) fn rename(r: pb::RenameReply) -> u64 {
+    r.epoch
+}
+
+/// `ReadDirReply`: one page of entries, and whether the partition may hold more after it.
+pub(crate) fn read_dir(r: pb::ReadDirReply) -> Result<(Vec<DirEntry>, bool), TalonError> {
+    let entries = r
+        .entries
+        .into_iter()
+        .map(DirEntry::try_from)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((entries, r.more))
+}
+
+/// `GetXattrReply`: the value.
+pub(crate) fn get_xattr(r: pb::GetXattrReply) -> Vec<u8> {
+    r.value
+}
+
+/// `ListXattrReply`: the names.
+pub(crate) fn list_xattr(r: pb::ListXattrReply) -> Vec<Vec<u8>> {
+    r.names
+}
+
+/// `StatFsReply`: the answering node's id, and the partition's usage with that node's data
+/// file system as its space (not yet summed over nodes or divided by the replication).
+pub(crate) fn stat_fs(r: pb::StatFsReply) -> (u64, StatFs) {
+    let usage = StatFs {
+        inodes: r.inodes,
+        bytes: r.bytes,
+        entries: r.entries,
+        space_total: r.fs_total_bytes,
+        space_free: r.fs_free_bytes,
+        space_avail: r.fs_avail_bytes,
+    };
+    (r.node_id, usage)
+}
+
+/// `StatusReply`: the node's partitions and its data file system.
+pub(crate) fn status(r: pb::StatusReply) -> (Vec<PartitionStatus>, NodeSpace) {
+    let space = NodeSpace {
+        level: r.space_level,
+        used: r.space_used,
+        total: r.space_total_bytes,
+        usable: r.space_usable_bytes,
+    };
+    (r.partitions.into_iter().map(Into::into).collect(), space)
+}
+
+/// `OpenReply` (to `Open` and `ReadWhole`): attributes, layout, and a small file's body
+/// when it was asked for and sent, of exactly the file's size.
+pub(crate) fn open(r: pb::OpenReply) -> Stamped<Opened> {
+    Stamped {
+        epoch: r.epoch,
+        value: opened(r),
+    }
+}
+
+fn opened(r: pb::OpenReply) -> Result<Opened, TalonError> {
+    let attr = attr_of(r.attr)?;
+    let layout = Layout::from_wire(r.layout, attr.size)?;
+    let body = (r.has_body && layout == Layout::Small).then_some(r.body);
+    if let Some(b) = &body {
+        if b.len() as u64 != attr.size {
+            return Err(TalonError::Invalid(format!(
+                "inode {}: body of {} bytes for size {}",
+                attr.ino,
+                b.len(),
+                attr.size
+            )));
+        }
+    }
+    Ok(Opened { attr, layout, body })
+}
+
+/// `GetChunkReply`: the bytes read (perhaps fewer than asked for, where the chunk ends).
+pub(crate) fn get_chunk(r: pb::GetChunkReply) -> Vec<u8> {
+    r.data
+}
+
+/// `BatchReply`: one result for each of the `ops` ops sent, in order; an op the reply
+/// leaves out is an `Invalid` error.
+pub(crate) fn batch(r: pb::BatchReply, ops: usize) -> Vec<Result<Attr, TalonError>> {
+    let mut answers = r.results.into_iter();
+    (0..ops)
+        .map(|_| match answers.next().and_then(|r| r.result) {
+            Some(BatchOutcome::Attr(a)) => attr_of(Some(a)),
+            Some(BatchOutcome::Error(d)) => Err(TalonError::from_detail(d)),
+            None => Err(TalonError::Invalid(
+                "batch reply without this op's result".into(),
+            )),
+        })
+        .collect()
+}
+
+impl TryFrom<pb::DirEntry> for DirEntry {
+    type Error = TalonError;
+    fn try_from(e: pb::DirEntry) -> Result<Self, TalonError> {
+        Ok(DirEntry {
+            kind: FileKind::try_from(e.kind)?,
+            ino: Ino(e.ino),
+            attr: e.attr.map(Attr::try_from).transpose()?,
+            name: e.name,
+        })
+    }
+}
+
+impl From<pb::PartitionStatus> for PartitionStatus {
+    fn from(p: pb::PartitionStatus) -> Self {
+        PartitionStatus {
+            id: p.id,
+            role: p.role,
+            leader: p.leader,
+            term: p.term,
+            last_log_index: p.last_log_index,
+            applied_index: p.applied_index,
+            snapshot_index: p.snapshot_index,
+            entries: p.entries,
+            inodes: p.inodes,
+        }
+    }
+}
