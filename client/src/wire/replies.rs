@@ -1,10 +1,15 @@
 //! Reply messages, read into domain values: one function per reply message, named after
 //! it, and `TryFrom`/`From` for the nouns replies carry (a directory entry, a partition's
-//! status). Every field a reply must carry is checked here, so that a
+//! status, the cluster map). Every field a reply must carry is checked here, so that a
 //! malformed reply is an `Invalid` error, never a panic.
 
+use crate::cluster_map::{
+    ClusterMap, NodeInfo, PartitionInfo, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_BATCH,
+    DEFAULT_SMALL_FILE_MAX,
+};
 use crate::data::Opened;
 use crate::types::{DirEntry, NodeSpace, PartitionStatus, StatFs};
+use std::time::Duration;
 use talon_model::{Attr, FileKind, Ino, Layout, TalonError};
 use talon_proto::v1 as pb;
 use talon_proto::v1::batch_result::Result as BatchOutcome;
@@ -164,5 +169,115 @@ impl From<pb::PartitionStatus> for PartitionStatus {
             entries: p.entries,
             inodes: p.inodes,
         }
+    }
+}
+
+/// The wire's 0 for a value the answering node left to the client's default.
+fn or_default(v: u32, default: u32) -> u32 {
+    if v == 0 {
+        default
+    } else {
+        v
+    }
+}
+
+/// The map field by field, the wire's zeros read as defaults and absent hints; then the
+/// map's own checks (`ClusterMap::validated`), so only a valid map comes out.
+impl TryFrom<pb::ClusterMap> for ClusterMap {
+    type Error = TalonError;
+
+    fn try_from(m: pb::ClusterMap) -> Result<Self, TalonError> {
+        ClusterMap {
+            nodes: m
+                .nodes
+                .into_iter()
+                .map(|n| NodeInfo {
+                    id: n.id,
+                    addr: n.addr,
+                })
+                .collect(),
+            partitions: m.partitions,
+            replication: m.replication,
+            partition_info: m
+                .partition_info
+                .into_iter()
+                .map(|p| PartitionInfo {
+                    id: p.id,
+                    replicas: p.replicas,
+                    leader_hint: (p.leader_hint != 0).then_some(p.leader_hint),
+                })
+                .collect(),
+            strict_prefixes: m.strict_prefixes,
+            epoch: m.epoch,
+            relaxed_staleness: Duration::from_millis(m.relaxed_staleness_ms),
+            root_ino: if m.root_ino == 0 {
+                talon_model::ROOT_INO
+            } else {
+                Ino(m.root_ino)
+            },
+            max_batch: or_default(m.max_batch, DEFAULT_MAX_BATCH),
+            small_file_max: or_default(m.small_file_max, DEFAULT_SMALL_FILE_MAX),
+            chunk_size: or_default(m.chunk_size, DEFAULT_CHUNK_SIZE),
+        }
+        .validated()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(partitions: u32) -> pb::ClusterMap {
+        pb::ClusterMap {
+            nodes: vec![
+                pb::NodeInfo {
+                    id: 1,
+                    addr: "127.0.0.1:1".into(),
+                },
+                pb::NodeInfo {
+                    id: 2,
+                    addr: "http://127.0.0.1:2".into(),
+                },
+            ],
+            partitions,
+            replication: 2,
+            partition_info: (0..partitions)
+                .map(|id| pb::PartitionInfo {
+                    id,
+                    replicas: vec![1, 2],
+                    leader_hint: 2,
+                })
+                .collect(),
+            strict_prefixes: vec!["/ckpt".into()],
+            epoch: 3,
+            relaxed_staleness_ms: 500,
+            root_ino: 1,
+            max_batch: 0,
+            small_file_max: 0,
+            chunk_size: 1 << 16,
+        }
+    }
+
+    #[test]
+    fn accepts_a_complete_map() {
+        let m = ClusterMap::try_from(wire(4)).expect("valid map");
+        assert_eq!(m.partition_info.len(), 4);
+        assert_eq!(m.node_by_addr("127.0.0.1:2").map(|n| n.id), Some(2));
+        assert_eq!(m.node_by_addr("http://127.0.0.1:1").map(|n| n.id), Some(1));
+        assert_eq!(m.max_batch, DEFAULT_MAX_BATCH);
+        assert_eq!(m.small_file_max, DEFAULT_SMALL_FILE_MAX);
+        assert_eq!(m.chunk_size, 1 << 16);
+        assert_eq!(m.partition_info[3].leader_hint, Some(2));
+    }
+
+    #[test]
+    fn rejects_missing_partitions_and_unknown_nodes() {
+        let mut w = wire(4);
+        w.partition_info.pop();
+        assert!(ClusterMap::try_from(w).is_err());
+        let mut w = wire(2);
+        w.partition_info[0].replicas.push(9);
+        assert!(ClusterMap::try_from(w).is_err());
+        assert!(ClusterMap::try_from(wire(0)).is_err());
     }
 }
