@@ -9,8 +9,10 @@
 //! `rename::Renames`, `attrs::Attrs`, `data::Files`, `txn::Txns`), each defined in its
 //! module; they and the gRPC edge (`service`) use the node, never the other way round, and
 //! `impl Node` lives here only. `server` starts and stops it. `Node::shutdown` fires the
-//! node's cancellation token, waits for the background tasks, shuts every Raft group down
-//! and closes the log (its flusher acknowledges everything queued first).
+//! node's cancellation token and waits for the background loops (whose last rounds may
+//! still propose: the directory update flush does), then stops the partitions' proposal
+//! and read queues, shuts every Raft group down and closes the log (its flusher
+//! acknowledges everything queued first).
 
 use crate::config::{ClusterConfig, Config};
 use crate::dir_touch::DirTouches;
@@ -76,8 +78,14 @@ pub struct Node {
     /// Fullness of the data file system, and the reserve.
     pub space: Arc<Space>,
     log: Arc<LogDb>,
+    /// Fired first when the node stops: background loops and waiting calls give up.
     cancel: CancellationToken,
-    tasks: TaskTracker,
+    /// The background loops (`Node::spawn`).
+    loops: TaskTracker,
+    /// Fired once the loops have ended: the partitions' proposal and read queues stop.
+    queues_cancel: CancellationToken,
+    /// The partitions' queues.
+    queues: TaskTracker,
     leader_hints: Mutex<HashMap<u32, NodeId>>,
     /// Partitions whose Raft group stopped on a storage error, once logged.
     failed: Mutex<std::collections::BTreeSet<u32>>,
@@ -165,7 +173,8 @@ impl Node {
                 .collect(),
         );
         let rc = raft_config(&config).map_err(|e| StartError::Raft(0, e))?;
-        let tasks = TaskTracker::new();
+        let queues = TaskTracker::new();
+        let queues_cancel = CancellationToken::new();
         let cluster_map = serde_json::to_vec(&config.cluster)
             .map_err(|e| StartError::Storage(format!("encode cluster map: {e}")))?;
         let mut stores = Vec::new();
@@ -211,8 +220,8 @@ impl Node {
                 store,
                 peers.clone(),
                 config.cluster.max_proposal_batch as usize,
-                cancel.child_token(),
-                &tasks,
+                queues_cancel.child_token(),
+                &queues,
             );
             partitions.insert(p, part);
         }
@@ -223,7 +232,9 @@ impl Node {
             space,
             log,
             cancel,
-            tasks,
+            loops: TaskTracker::new(),
+            queues_cancel,
+            queues,
             leader_hints: Mutex::new(HashMap::new()),
             failed: Mutex::new(Default::default()),
             dir_touches: DirTouches::default(),
@@ -242,7 +253,7 @@ impl Node {
         F: FnOnce(Arc<Node>, CancellationToken) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.tasks
+        self.loops
             .spawn(task(self.clone(), self.cancel.child_token()));
     }
 
@@ -324,8 +335,11 @@ impl Node {
     /// Stops background tasks and Raft groups and closes storage.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        self.tasks.close();
-        self.tasks.wait().await;
+        self.loops.close();
+        self.loops.wait().await;
+        self.queues_cancel.cancel();
+        self.queues.close();
+        self.queues.wait().await;
         for part in self.partitions.values() {
             let _ = part.raft.shutdown().await;
         }
@@ -371,7 +385,8 @@ impl Node {
     }
 
     /// Sends a request to the leader of partition `p`, wherever it is, following
-    /// NotLeader redirects and trying replicas in turn until `PEER_DEADLINE`.
+    /// NotLeader redirects and trying replicas in turn until `PEER_DEADLINE` or the node's
+    /// stop (once at least).
     pub async fn peer(&self, p: u32, req: PeerRequest) -> Result<PeerReply, TalonError> {
         if p >= self.config.cluster.partitions {
             return Err(TalonError::Invalid(format!("partition {p} does not exist")));
@@ -380,8 +395,10 @@ impl Node {
         let deadline = Instant::now() + PEER_DEADLINE;
         let mut attempt = 0usize;
         let mut backoff = Backoff::rpc();
-        let mut last_err = TalonError::Unavailable(format!("no leader for partition {p}"));
-        while Instant::now() < deadline && !self.cancel.is_cancelled() {
+        // At least one attempt, also on a stopping node: its last flush of queued
+        // directory updates runs after the cancel and before its Raft groups stop.
+        let give_up = || Instant::now() >= deadline || self.cancel.is_cancelled();
+        loop {
             let target = self.hint(p).unwrap_or(replicas[attempt % replicas.len()]);
             attempt += 1;
             let res = if target == self.config.node_id {
@@ -403,25 +420,27 @@ impl Node {
                     Err(e) => Err(TalonError::Unavailable(e.to_string())),
                 }
             };
-            match res {
+            let err = match res {
                 Ok(r) => return Ok(r),
                 Err(TalonError::NotLeader { leader_id, .. }) => {
                     let changed = leader_id.is_some() && leader_id != Some(target);
                     self.set_hint(p, leader_id.filter(|l| *l != target));
-                    last_err = TalonError::Unavailable(format!("partition {p}: leader unknown"));
-                    if changed {
+                    if changed && !give_up() {
                         continue;
                     }
+                    TalonError::Unavailable(format!("partition {p}: leader unknown"))
                 }
                 Err(e @ (TalonError::Unavailable(_) | TalonError::WrongPartition(_))) => {
                     self.set_hint(p, None);
-                    last_err = e;
+                    e
                 }
                 Err(e) => return Err(e),
+            };
+            if give_up() {
+                return Err(err);
             }
             tokio::time::sleep(backoff.pause()).await;
         }
-        Err(last_err)
     }
 
     /// Proposes `cmd` on the leader of partition `p`.
