@@ -53,47 +53,89 @@ enum Slot {
     Closed,
 }
 
+fn slot_clean(slot: &Slot) -> bool {
+    match slot {
+        Slot::Deferred(_) | Slot::Closed => true,
+        Slot::Open(f) => !f.is_dirty(),
+    }
+}
+
 fn closed(ino: Ino) -> TalonError {
     TalonError::posix(Errno::EBADF, format!("inode {ino}: handle already closed"))
 }
 
+/// The `File` options of the kernel's open `flags`.
+fn open_options(flags: i32) -> OpenOptions {
+    let acc = flags & libc::O_ACCMODE;
+    OpenOptions {
+        read: acc != libc::O_WRONLY,
+        write: acc != libc::O_RDONLY,
+        ..OpenOptions::default()
+    }
+}
+
 impl OpenFile {
-    /// Opens `ino`'s contents with the kernel's open `flags`. `created` is the file's
-    /// attributes when a create of this mount has just answered them: an empty new file
-    /// then opens without another round trip. `relaxed`: the kernel was shown the file as
-    /// relaxed, so a read-only open may be served by any replica, and is deferred.
-    pub async fn open(
-        client: &Client,
-        ino: Ino,
-        flags: i32,
-        created: Option<Attr>,
-        relaxed: bool,
-    ) -> Result<OpenFile, TalonError> {
-        let acc = flags & libc::O_ACCMODE;
-        let opts = OpenOptions {
-            read: acc != libc::O_WRONLY,
-            write: acc != libc::O_RDONLY,
-            ..OpenOptions::default()
-        };
-        let slot = match created {
-            Some(a) => Slot::Open(client.open_created(a, opts).await?),
-            None if relaxed && !opts.write && flags & libc::O_TRUNC == 0 => Slot::Deferred(opts),
-            None => Slot::Open(client.open_ino(ino, opts).await?),
-        };
-        Ok(OpenFile {
+    fn with_slot(client: &Client, ino: Ino, writable: bool, slot: Slot) -> OpenFile {
+        OpenFile {
             ino,
-            writable: opts.write,
+            writable,
             client: client.clone(),
             file: Mutex::new(slot),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),
             changed: std::sync::Mutex::new(Time::default()),
-        })
+        }
     }
 
-    /// Whether the open was deferred and nothing has needed the `File` yet.
-    pub async fn deferred(&self) -> bool {
-        matches!(*self.file.lock().await, Slot::Deferred(_))
+    /// Opens `ino`'s contents with the kernel's open `flags`, now. `created` is the file's
+    /// attributes when a create of this mount has just answered them: an empty new file
+    /// then opens without another round trip.
+    pub async fn open(
+        client: &Client,
+        ino: Ino,
+        flags: i32,
+        created: Option<Attr>,
+    ) -> Result<OpenFile, TalonError> {
+        let opts = open_options(flags);
+        let file = match created {
+            Some(a) => client.open_created(a, opts).await?,
+            None => client.open_ino(ino, opts).await?,
+        };
+        Ok(OpenFile::with_slot(
+            client,
+            ino,
+            opts.write,
+            Slot::Open(file),
+        ))
+    }
+
+    /// A deferred open of `ino` (see the module docs), if `flags` allow one: read-only,
+    /// without `O_TRUNC`. The caller knows the kernel was shown the file as relaxed.
+    pub fn deferred(client: &Client, ino: Ino, flags: i32) -> Option<OpenFile> {
+        let opts = open_options(flags);
+        (!opts.write && flags & libc::O_TRUNC == 0)
+            .then(|| OpenFile::with_slot(client, ino, false, Slot::Deferred(opts)))
+    }
+
+    /// True when a flush of this handle has nothing to commit and nothing to wait for: a
+    /// deferred or closed handle, or an open one without changes or an operation under
+    /// way. The kernel's dispatch thread answers such a flush (and such a release, with
+    /// [`OpenFile::close_clean`]) itself, without a trip through the runtime. False also
+    /// when the handle is busy.
+    pub fn is_clean(&self) -> bool {
+        self.file.try_lock().is_ok_and(|g| slot_clean(&g))
+    }
+
+    /// Closes the handle if [`OpenFile::is_clean`]; false (and nothing done) otherwise.
+    pub fn close_clean(&self) -> bool {
+        let Ok(mut g) = self.file.try_lock() else {
+            return false;
+        };
+        if !slot_clean(&g) {
+            return false;
+        }
+        *g = Slot::Closed;
+        true
     }
 
     /// The open `File` in `slot`, opening a deferred one first (a relaxed read-only open,

@@ -1,9 +1,12 @@
 //! [`TalonFs`]: the kernel's FUSE requests, each answered from a task on the client's tokio
-//! runtime.
+//! runtime, or at once when it needs nothing from the cluster.
 //!
 //! The FUSE session thread only decodes a request, copies what it needs out of it and
 //! spawns a task that owns the `Reply*` object; it never waits for the cluster, so as many
-//! requests can be in flight as the kernel sends (it bounds them itself). Ordering between
+//! requests can be in flight as the kernel sends (it bounds them itself). Three requests
+//! that a warm epoch over relaxed files sends for every image are answered in the session
+//! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
+//! see [`OpenFile`]), and the flush and release of a handle with nothing to commit. Ordering between
 //! requests is the kernel's business: it already serialises what POSIX requires (a write
 //! returns before the `close` that flushes it, directory operations on one name hold its
 //! lock), and the mount adds no ordering of its own beyond one lock per open directory.
@@ -127,6 +130,17 @@ impl TalonFs {
     {
         let s = self.s.clone();
         self.s.rt.spawn(f(s));
+    }
+}
+
+/// The kernel's open flags for a file of `class`. Relaxed files may keep their page cache
+/// across opens (the kernel still drops it when it sees the size or mtime change); strict
+/// ones start afresh on every open, which together with the flush at close gives
+/// close-to-open consistency.
+fn open_flags(class: Class) -> FopenFlags {
+    match class {
+        Class::Relaxed => FopenFlags::FOPEN_KEEP_CACHE,
+        Class::Strict => FopenFlags::empty(),
     }
 }
 
@@ -356,34 +370,46 @@ impl Shared {
     }
 
     /// Opens regular file `i` with the kernel's `flags`: one RPC, which also brings a small
-    /// file's body, or none for a deferred open (see [`OpenFile::open`]). Returns the
-    /// handle, the open flags for the kernel and the attributes the open fetched, if any.
-    /// `created`: the attributes a create has just answered.
+    /// file's body. Returns the handle, the open flags for the kernel and the attributes.
+    /// `created`: the attributes a create has just answered (see [`OpenFile::open`]).
     async fn open_file(
         &self,
         i: Ino,
         flags: i32,
         created: Option<Attr>,
-    ) -> Result<(u64, FopenFlags, Option<Attr>), TalonError> {
-        let relaxed = self.relaxed.contains(&i);
-        let file = OpenFile::open(&self.client, i, flags, created, relaxed).await?;
-        // A deferred open has fetched nothing; its class is the one the kernel was shown.
-        let (class, attr) = if file.deferred().await {
-            (Class::Relaxed, None)
-        } else {
-            let a = file.metadata().await?;
-            (a.class, Some(a))
-        };
+    ) -> Result<(u64, FopenFlags, Attr), TalonError> {
+        let file = OpenFile::open(&self.client, i, flags, created).await?;
+        let attr = file.metadata().await?;
+        let fh = self.add_handle(file);
+        Ok((fh, open_flags(attr.class), attr))
+    }
+
+    /// A deferred open of regular file `i` (no RPC; see [`OpenFile::deferred`]) when the
+    /// kernel was shown it as relaxed and `flags` allow one. Returns the handle and the
+    /// open flags for the kernel.
+    fn open_deferred(&self, i: Ino, flags: i32) -> Option<(u64, FopenFlags)> {
+        if !self.relaxed.contains(&i) {
+            return None;
+        }
+        let file = OpenFile::deferred(&self.client, i, flags)?;
+        Some((self.add_handle(file), open_flags(Class::Relaxed)))
+    }
+
+    fn add_handle(&self, file: OpenFile) -> u64 {
+        let i = file.ino;
         let fh = self.files.insert(file);
         self.open_inos.entry(i).or_default().push(fh);
-        // Relaxed files may keep their page cache across opens (the kernel still drops it
-        // when it sees the size or mtime change); strict ones start afresh on every open,
-        // which together with the flush at close gives close-to-open consistency.
-        let flags = match class {
-            Class::Relaxed => FopenFlags::FOPEN_KEEP_CACHE,
-            Class::Strict => FopenFlags::empty(),
-        };
-        Ok((fh, flags, attr))
+        fh
+    }
+
+    /// Closes handle `fh` here, in the kernel's dispatch thread, if it has nothing to
+    /// commit ([`OpenFile::close_clean`]): a release that needs no trip through the runtime.
+    fn release_clean(&self, fh: u64) -> bool {
+        let clean = self.files.get(fh).is_some_and(|f| f.close_clean());
+        if clean {
+            self.forget_handle(fh);
+        }
+        clean
     }
 
     fn forget_handle(&self, fh: u64) -> Option<Arc<OpenFile>> {
@@ -722,6 +748,10 @@ impl Filesystem for TalonFs {
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // A relaxed read-only open fetches nothing until a read needs it: answered here.
+        if let Some((fh, f)) = self.s.open_deferred(ino(i), flags.0) {
+            return reply.opened(FileHandle(fh), f);
+        }
         self.spawn(move |s| async move {
             // The kernel opens directories with opendir; the File refuses anything but a
             // regular file (EISDIR).
@@ -786,6 +816,10 @@ impl Filesystem for TalonFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // Nothing to commit (a read-only handle, or no writes): answered here.
+        if self.s.files.get(fh.0).is_some_and(|f| f.is_clean()) {
+            return reply.ok();
+        }
         self.spawn(move |s| async move {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
@@ -807,6 +841,9 @@ impl Filesystem for TalonFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.s.release_clean(fh.0) {
+            return reply.ok();
+        }
         self.spawn(move |s| async move {
             let Some(f) = s.forget_handle(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
@@ -1112,8 +1149,7 @@ impl Filesystem for TalonFs {
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
                 let a = s.client.create(ino(parent), &name, spec).await?;
-                let (fh, fflags, opened) = s.open_file(a.ino, flags, Some(a.clone())).await?;
-                let a = opened.unwrap_or(a);
+                let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).
                     if let Some(f) = s.files.get(fh) {
