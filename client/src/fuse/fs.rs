@@ -6,10 +6,11 @@
 //! requests can be in flight as the kernel sends (it bounds them itself). Three requests
 //! that a warm epoch over relaxed files sends for every image are answered in the session
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
-//! see [`OpenFile`]), and the flush and release of a handle with nothing to commit. Ordering between
-//! requests is the kernel's business: it already serialises what POSIX requires (a write
-//! returns before the `close` that flushes it, directory operations on one name hold its
-//! lock), and the mount adds no ordering of its own beyond one lock per open directory.
+//! see `data`), and the flush and release of a handle with nothing to commit. Ordering
+//! between requests is the kernel's business: it already serialises what POSIX requires
+//! (a write returns before the `close` that flushes it, directory operations on one name
+//! hold its lock), and the mount adds no ordering of its own beyond one lock per open
+//! directory.
 //!
 //! What the mount keeps per inode is only what the kernel cannot: open file and directory
 //! handles ([`handles`](super::handles)). Inode numbers are Talon's, unchanged (both number
