@@ -14,7 +14,8 @@
 //!   before anything is proposed; half the reserve is released.
 //! - `Critical`: less than a sliver is left, even after the release (a follower whose
 //!   leader, on another node, still accepts writes). Log appends wait for room instead of
-//!   failing inside RocksDB, which would stop the node's Raft groups.
+//!   failing inside RocksDB, which would stop the node's Raft groups; small ones (the
+//!   deletes that give room back) only at half that floor.
 //!
 //! The reserve's other half, the restart share, only a start-up releases: whatever takes
 //! the room a full node gave back (its own snapshots, compactions, another process), a
@@ -29,6 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 /// How old a reading the write path trusts.
 pub const FRESH: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Log appends of at most this many bytes wait at half the critical floor only (see
+/// [`Space::wait_for_log_room`]).
+pub const SMALL_APPEND: u64 = 64 << 10;
 
 /// The reserve file's name in the data directory.
 pub const RESERVE_FILE: &str = "space.reserve";
@@ -368,7 +373,11 @@ impl Space {
 
     /// Waits until `bytes` more of log can be written without going below the critical
     /// floor (a follower's leader, elsewhere, may still take writes while this disk has
-    /// none left), or until `cancel` fires (the node stops): an error then.
+    /// none left), or until `cancel` fires (the node stops): an error then. A small append
+    /// (at most [`SMALL_APPEND`]) may go down to half the floor: on a full disk, where new
+    /// data is refused at the edge, those are the deletes, attribute changes and reclaims
+    /// that give room back, and the node's own background writes (snapshots, compactions)
+    /// may have claimed everything down to the floor.
     pub async fn wait_for_log_room(
         &self,
         bytes: u64,
@@ -377,7 +386,7 @@ impl Space {
         let mut waited = false;
         loop {
             let r = self.fresh();
-            let floor = Floors::of(&self.cfg, r.fs.total).critical;
+            let floor = log_floor(Floors::of(&self.cfg, r.fs.total).critical, bytes);
             if r.fs.total == 0 || r.fs.avail >= floor.saturating_add(bytes.saturating_mul(2)) {
                 if waited {
                     tracing::info!("log appends go on: the disk has room again");
@@ -501,6 +510,16 @@ impl Space {
     }
 }
 
+/// The free bytes a log append of `bytes` must leave: the critical floor, or half of it
+/// for a small append (see [`Space::wait_for_log_room`]).
+fn log_floor(critical: u64, bytes: u64) -> u64 {
+    if bytes <= SMALL_APPEND {
+        critical / 2
+    } else {
+        critical
+    }
+}
+
 /// Cuts the file at `path` to `len` bytes and syncs it, freeing the blocks beyond.
 fn shrink_file(path: &Path, len: u64) -> std::io::Result<()> {
     let f = std::fs::OpenOptions::new().write(true).open(path)?;
@@ -615,6 +634,17 @@ mod tests {
         assert_eq!(r(500 * MIB, reserve).usable(&c), 500 * MIB - full);
         assert_eq!(r(40 * MIB, reserve).usable(&c), 0);
         assert_eq!(r(500 * MIB + reserve, 0).usable(&c), 500 * MIB - full);
+    }
+
+    #[test]
+    fn small_log_appends_may_use_half_the_critical_floor() {
+        let critical = 4 * MIB;
+        // A delete's entry, a few hundred bytes, and the largest small append.
+        assert_eq!(log_floor(critical, 300), 2 * MIB);
+        assert_eq!(log_floor(critical, SMALL_APPEND), 2 * MIB);
+        // A file's body waits at the whole floor.
+        assert_eq!(log_floor(critical, SMALL_APPEND + 1), critical);
+        assert_eq!(log_floor(critical, 200_000), critical);
     }
 
     #[test]
