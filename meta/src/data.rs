@@ -437,8 +437,8 @@ impl<'a> Files<'a> {
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
     /// all while the data file system is nearly full. A compaction rewrites the store's
     /// files before it deletes the old ones, so it waits for a later round while the disk
-    /// has no room for a copy beside half the critical floor (`Space::claim_to_reclaim`):
-    /// one run on a full disk filled it to the last byte and failed the node's next writes.
+    /// has no room for a copy beside the critical floor: one run on a full disk filled it
+    /// to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
         for part in self.node.partitions.values() {
@@ -446,7 +446,7 @@ impl<'a> Files<'a> {
             if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
                 continue;
             }
-            let _claim = match self.node.space.claim_to_reclaim(part.store.disk_bytes()) {
+            let _claim = match self.node.space.claim(part.store.disk_bytes()) {
                 Ok(c) => c,
                 Err(why) => {
                     tracing::warn!(partition = part.id, "compaction deferred: {why}");

@@ -345,21 +345,8 @@ impl Space {
     /// so that concurrent background writes (snapshot builds of several partitions) do
     /// not each count the same free bytes.
     pub fn claim(&self, bytes: u64) -> Result<Claim<'_>, String> {
-        self.claim_above(bytes, |critical| critical)
-    }
-
-    /// As [`Space::claim`], for a write that gives room back once it is done (a compaction
-    /// that drops deleted bodies): it may go down to half the critical floor, as the
-    /// deletes' own log appends may ([`Space::wait_for_log_room`]). A full node whose
-    /// stores were each larger than its free space above the floor could not reclaim what
-    /// its users deleted.
-    pub fn claim_to_reclaim(&self, bytes: u64) -> Result<Claim<'_>, String> {
-        self.claim_above(bytes, |critical| critical / 2)
-    }
-
-    fn claim_above(&self, bytes: u64, floor: impl Fn(u64) -> u64) -> Result<Claim<'_>, String> {
         let r = self.fresh();
-        let floor = floor(Floors::of(&self.cfg, r.fs.total).critical);
+        let floor = Floors::of(&self.cfg, r.fs.total).critical;
         let mut g = self.lock();
         let need = floor.saturating_add(bytes).saturating_add(g.claimed);
         if r.fs.total != 0 && r.fs.avail < need {

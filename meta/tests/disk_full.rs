@@ -1,8 +1,7 @@
 //! One node's disk fills up, or one partition's store fails, in a 3-node cluster: the
 //! cluster keeps accepting writes while a majority has room (leadership moves away from
 //! the full node), the node says so in its status, and once the cause is gone and the node
-//! is back, nothing acknowledged is lost. Also what a full node's own background writes
-//! may still claim.
+//! is back, nothing acknowledged is lost.
 
 mod common;
 
@@ -294,36 +293,4 @@ async fn a_node_restarts_on_a_disk_left_full() {
     files_read_back_from_nodes_2_and_3(&mut cluster, &c, PARTITIONS, FILES).await;
     cluster.shutdown().await;
     drop(fs);
-}
-
-/// On a file system whose free space is known to the byte (a private tmpfs), a compaction
-/// that gives room back may claim down to half the critical floor, where a snapshot build
-/// stops at the whole floor.
-#[test]
-fn a_reclaiming_compaction_may_use_half_the_critical_floor() {
-    const MIB: u64 = 1 << 20;
-    let fs = SmallFs::mount(64 * MIB).expect("mount a small tmpfs");
-    let space = talon_meta::space::Space::open(&fs.path, SpaceConfig::default()).expect("open");
-    let total = space.refresh().expect("statvfs").fs.total;
-    let critical = talon_meta::space::Floors::of(&SpaceConfig::default(), total).critical;
-    assert_eq!(critical, 3 * MIB, "the floor this test is written for");
-    // Leave 10 MiB free.
-    let avail = space.refresh().expect("statvfs").fs.avail;
-    let filler = vec![7u8; (avail - 10 * MIB) as usize];
-    std::fs::write(fs.path.join("filler"), filler).expect("fill");
-    assert_eq!(space.refresh().expect("statvfs").fs.avail, 10 * MIB);
-
-    assert!(
-        space.claim(8 * MIB).is_err(),
-        "8 MiB leave less than the floor"
-    );
-    let held = space
-        .claim_to_reclaim(8 * MIB)
-        .expect("8 MiB leave half the floor");
-    drop(held);
-    assert!(
-        space.claim_to_reclaim(9 * MIB).is_err(),
-        "9 MiB leave less than half the floor"
-    );
-    assert!(space.claim(7 * MIB).is_ok(), "7 MiB leave the whole floor");
 }
