@@ -817,14 +817,14 @@ impl Filesystem for TalonFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let Some(f) = self.s.files.get(fh.0) else {
+            return reply.error(fuser::Errno::from_i32(libc::EBADF));
+        };
         // Nothing to commit (a read-only handle, or no writes): answered here.
-        if self.s.files.get(fh.0).is_some_and(|f| f.is_clean()) {
+        if f.is_clean() {
             return reply.ok();
         }
-        self.spawn(move |s| async move {
-            let Some(f) = s.files.get(fh.0) else {
-                return reply.error(fuser::Errno::from_i32(libc::EBADF));
-            };
+        self.spawn(move |_| async move {
             match f.flush().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("flush", &e)),
