@@ -325,7 +325,7 @@ impl Client {
         name: &[u8],
         spec: &CreateSpec,
         epoch: u64,
-    ) -> Result<(Attr, u64), TalonError> {
+    ) -> Result<(Attr, bool), TalonError> {
         let p = self.partition_of(parent, name, class);
         // One token per logical create: the router resends this very request, so a retry
         // after a lost reply finds its own inode instead of EEXIST.
@@ -343,14 +343,14 @@ impl Client {
                 async move { c.create(req).await }
             })
             .await?;
-        let reply = replies::entry(reply);
+        let reply = replies::created(reply);
         self.cache().observe_epoch(reply.epoch);
         self.changed_dir(parent);
-        let attr = reply.value?;
+        let (attr, new) = reply.value?;
         let stamp = reply.epoch.max(epoch);
         self.cache()
             .insert_dentry(parent, class, name, &attr, stamp);
-        Ok((attr, stamp))
+        Ok((attr, new))
     }
 
     pub(crate) async fn rpc_remove(
@@ -548,10 +548,21 @@ impl Client {
         name: &[u8],
         spec: CreateSpec,
     ) -> Result<Attr, TalonError> {
+        Ok(self.create_entry(parent, name, spec).await?.0)
+    }
+
+    /// As [`Client::create`], and whether this call made the entry: false when a create
+    /// without `exclusive` found a regular file of that name and opened it.
+    pub async fn create_entry(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        spec: CreateSpec,
+    ) -> Result<(Attr, bool), TalonError> {
         spec.check(name)?;
         let spec = &spec;
         self.settle_in(parent, |class, epoch| async move {
-            Ok(self.rpc_create(parent, class, name, spec, epoch).await?.0)
+            self.rpc_create(parent, class, name, spec, epoch).await
         })
         .await
     }

@@ -109,6 +109,18 @@ pub(crate) fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
     out.values().map(|o| o.epoch).max().unwrap_or(0)
 }
 
+/// What a create answers.
+#[derive(Debug)]
+pub struct Created {
+    /// The entry's attributes.
+    pub attr: Attr,
+    /// The namespace epoch at the answering partition.
+    pub epoch: u64,
+    /// True if this request made the entry (or an earlier copy of it did); false if a
+    /// create without `exclusive` found a regular file of that name and answers it.
+    pub new: bool,
+}
+
 /// The namespace of a node: guards, lookup, create, remove, link and readdir on the
 /// partitions it hosts. A view of a [`Node`] borrowed for a call:
 /// `Namespace::new(&node).create(..)`.
@@ -338,7 +350,7 @@ impl<'a> Namespace<'a> {
         name: &[u8],
         spec: &CreateSpec,
         request_id: u64,
-    ) -> Result<(Attr, u64), TalonError> {
+    ) -> Result<Created, TalonError> {
         let part = self.node.local(p)?;
         let ops = self
             .plan_create(part, epoch, parent, name, spec, request_id)
@@ -359,7 +371,7 @@ impl<'a> Namespace<'a> {
         spec: &CreateSpec,
         request_id: u64,
         res: CommandResult,
-    ) -> Result<(Attr, u64), TalonError> {
+    ) -> Result<Created, TalonError> {
         match res {
             CommandResult::Applied(o) => {
                 let ino =
@@ -373,7 +385,11 @@ impl<'a> Namespace<'a> {
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
                 })?;
-                Ok((attr, o.epoch))
+                Ok(Created {
+                    attr,
+                    epoch: o.epoch,
+                    new: true,
+                })
             }
             CommandResult::Failed(crate::types::ApplyError::Posix(errno, msg))
                 if Errno(errno) == Errno::EEXIST =>
@@ -385,14 +401,22 @@ impl<'a> Namespace<'a> {
                 }
                 let (attr, e) = self.lookup(part.id, false, epoch, parent, name).await?;
                 if own_retry && self.created_by(part, attr.ino, request_id).await? {
-                    return Ok((attr, e));
+                    return Ok(Created {
+                        attr,
+                        epoch: e,
+                        new: true,
+                    });
                 }
                 match attr.kind {
                     _ if !open_existing => Err(posix(Errno::EEXIST, msg)),
                     FileKind::Directory => {
                         Err(posix(Errno::EISDIR, "a directory of that name exists"))
                     }
-                    _ => Ok((attr, e)),
+                    _ => Ok(Created {
+                        attr,
+                        epoch: e,
+                        new: false,
+                    }),
                 }
             }
             CommandResult::Failed(e) => Err(e.into()),
@@ -431,7 +455,7 @@ impl<'a> Namespace<'a> {
                 let res = part.propose(crate::types::Command::Atomic(ops)).await?;
                 self.finish_create(part, epoch, parent, &name, &spec, id, res)
                     .await
-                    .map(|(a, _)| a)
+                    .map(|c| c.attr)
             });
         Ok(futures::future::join_all(futs).await)
     }

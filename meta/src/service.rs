@@ -189,6 +189,7 @@ impl NamespaceSvc for Api {
         Ok(Response::new(pb::EntryReply {
             attr: attr_reply(&attr),
             epoch,
+            created: false,
         }))
     }
 
@@ -220,7 +221,7 @@ impl NamespaceSvc for Api {
         let h = header(r.header);
         self.node.room_for(h.partition, 0)?;
         let spec = CreateSpec::try_from(&r)?;
-        let (attr, epoch) = Namespace::new(&self.node)
+        let made = Namespace::new(&self.node)
             .create(
                 h.partition,
                 h.epoch,
@@ -231,8 +232,9 @@ impl NamespaceSvc for Api {
             )
             .await?;
         Ok(Response::new(pb::EntryReply {
-            attr: attr_reply(&attr),
-            epoch,
+            attr: attr_reply(&made.attr),
+            epoch: made.epoch,
+            created: made.new,
         }))
     }
 
@@ -286,6 +288,7 @@ impl NamespaceSvc for Api {
         Ok(Response::new(pb::EntryReply {
             attr: attr_reply(&attr),
             epoch,
+            created: false,
         }))
     }
 

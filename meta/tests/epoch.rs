@@ -40,7 +40,7 @@ async fn create_on_leader(
             .await
         {
             Err(TalonError::NotLeader { .. }) if Instant::now() < deadline => continue,
-            r => return r,
+            r => return r.map(|made| (made.attr, made.epoch)),
         }
     }
 }

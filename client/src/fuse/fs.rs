@@ -6,7 +6,9 @@
 //! requests can be in flight as the kernel sends (it bounds them itself). Three requests
 //! that a warm epoch over relaxed files sends for every image are answered in the session
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
-//! see `data`), and the flush and release of a handle with nothing to commit. Ordering
+//! see `data`), and the flush and release of a handle with nothing to commit. So is the
+//! kernel's `security.capability` check before the first write to a relaxed file this
+//! mount has just created (it has no xattrs yet; see `Shared::fresh`). Ordering
 //! between requests is the kernel's business: it already serialises what POSIX requires
 //! (a write returns before the `close` that flushes it, directory operations on one name
 //! hold its lock), and the mount adds no ordering of its own beyond one lock per open
@@ -50,7 +52,7 @@ use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
 
 /// Entries fetched per ReadDir RPC for a listing; the kernel takes them a buffer at a time.
@@ -88,6 +90,12 @@ pub(crate) struct Shared {
     /// from any replica (bounded staleness; this mount's own changes show at once, see
     /// `Client::read_for`). An inode not in it is read strictly, so forgetting one is safe.
     relaxed: DashSet<Ino>,
+    /// Relaxed files this mount has just created, while the handle of the create is open:
+    /// they have no xattrs until this mount sets one, so a `getxattr` (the kernel asks for
+    /// `security.capability` before the first write to every file) or `listxattr` is
+    /// answered in the session thread, for at most the relaxed TTL after the create (the
+    /// staleness another client's xattr may have anyway).
+    fresh: DashMap<Ino, Instant>,
 }
 
 /// Directories remembered in `dir_modes` before it is emptied and refilled on demand.
@@ -119,6 +127,7 @@ impl TalonFs {
                 strict_prefixes,
                 dir_modes: DashMap::new(),
                 relaxed: DashSet::new(),
+                fresh: DashMap::new(),
             }),
         }
     }
@@ -411,6 +420,14 @@ impl Shared {
             self.forget_handle(fh);
         }
         clean
+    }
+
+    /// True if `i` is a file this mount just created and has set no xattr on (see
+    /// `fresh`): it has none.
+    fn has_no_xattrs(&self, i: Ino) -> bool {
+        self.fresh
+            .get(&i)
+            .is_some_and(|made| made.elapsed() < self.ttls.relaxed)
     }
 
     fn forget_handle(&self, fh: u64) -> Option<Arc<OpenFile>> {
@@ -835,13 +852,14 @@ impl Filesystem for TalonFs {
     fn release(
         &self,
         _req: &Request,
-        _i: INodeNo,
+        i: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.s.fresh.remove(&ino(i));
         if self.s.release_clean(fh.0) {
             return reply.ok();
         }
@@ -1020,6 +1038,8 @@ impl Filesystem for TalonFs {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        // From now on this mount's xattr reads of `i` ask the cluster.
+        self.s.fresh.remove(&ino(i));
         let name = name_of(name);
         let value = value.to_vec();
         self.spawn(move |s| async move {
@@ -1054,6 +1074,9 @@ impl Filesystem for TalonFs {
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if self.s.has_no_xattrs(ino(i)) {
+            return reply.error(fuser::Errno::from_i32(libc::ENODATA));
+        }
         let name = name_of(name);
         self.spawn(move |s| async move {
             let r = async {
@@ -1080,6 +1103,9 @@ impl Filesystem for TalonFs {
     }
 
     fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        if self.s.has_no_xattrs(ino(i)) {
+            return reply_xattr(reply, size, &[]);
+        }
         self.spawn(move |s| async move {
             match s.client.listxattr(ino(i)).await {
                 Ok(names) => {
@@ -1149,7 +1175,10 @@ impl Filesystem for TalonFs {
                     exclusive: flags & libc::O_EXCL != 0,
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
-                let a = s.client.create(ino(parent), &name, spec).await?;
+                let (a, new) = s.client.create_entry(ino(parent), &name, spec).await?;
+                if new && a.class == Class::Relaxed {
+                    s.fresh.insert(a.ino, Instant::now());
+                }
                 let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).

@@ -38,6 +38,16 @@ pub(crate) fn entry(r: pb::EntryReply) -> Stamped<Attr> {
     }
 }
 
+/// `EntryReply` to `Create`: the entry's attributes, and whether the create made it.
+pub(crate) fn created(r: pb::EntryReply) -> Stamped<(Attr, bool)> {
+    let new = r.created;
+    let Stamped { epoch, value } = entry(r);
+    Stamped {
+        epoch,
+        value: value.map(|a| (a, new)),
+    }
+}
+
 /// `AttrReply`: the inode's attributes.
 pub(crate) fn attr(r: pb::AttrReply) -> Result<Attr, TalonError> {
     attr_of(r.attr)
