@@ -555,7 +555,14 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             return Err(io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e));
         }
         // openraft never runs apply and install_snapshot at once, so `db` is still live.
-        db.write(batch)
+        // Without RocksDB's own WAL: the Raft log is this store's write-ahead log. A crash
+        // leaves the store at the last flushed batch, `APPLIED` included (one column
+        // family, flushed atomically), and openraft applies the entries after it again from
+        // the log, which keeps every entry past the stored snapshot (a checkpoint, built
+        // after a flush). A clean stop flushes the memtable.
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.disable_wal(true);
+        db.write_opt(batch, &wo)
             .map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
         Ok(results)
     }
