@@ -3,8 +3,9 @@
 //! Owns the namespace state of one partition (see `keys.rs` for the schema) and implements
 //! openraft's `RaftStateMachine`. The applied log id and membership are written in the same
 //! WriteBatch as the state they produced, so replaying entries after a crash is harmless:
-//! apply resumes after the stored applied id. The state machine's own WAL is not synced:
-//! whatever a crash loses is still in the fsynced Raft log.
+//! apply resumes after the stored applied id. The state machine writes without a WAL of its
+//! own: a crash loses what its memtable held, and openraft applies that again from the
+//! fsynced Raft log, which keeps every entry after the stored snapshot.
 //!
 //! Snapshots are RocksDB checkpoints (hard links of the SST files), packed into one data
 //! file (`archive.rs`) that is sent and received in chunks and unpacked with bounded

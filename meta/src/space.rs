@@ -19,7 +19,8 @@
 //!
 //! The reserve's other half, the restart share, only a start-up releases: whatever takes
 //! the room a full node gave back (its own snapshots, compactions, another process), a
-//! node that stops then still has room to replay its logs' WALs when it opens them again.
+//! node that stops then still has room to replay its log's WAL and apply again what its
+//! stores had not flushed when it opens them again.
 
 use crate::config::SpaceConfig;
 use std::path::{Path, PathBuf};
@@ -304,7 +305,9 @@ impl Space {
 
     /// Refuses new entries and `incoming` bytes of data while the disk is full, or would
     /// be with them: ENOSPC, naming the node, the partition and the threshold. The data is
-    /// counted four times: in the log and the state, each first in a WAL and then flushed. A reading older than
+    /// counted four times, a margin over the three copies it takes until the log is purged
+    /// (the log's WAL, the log's files once flushed, the state's files; the state keeps no
+    /// WAL). A reading older than
     /// [`FRESH`] is taken again first: a writer can fill a disk faster than the space loop
     /// looks.
     pub fn check_room(&self, node: u64, partition: u32, incoming: u64) -> Result<(), TalonError> {

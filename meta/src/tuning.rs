@@ -7,9 +7,10 @@
 //! store, and the blob cache of the partitions' stores, where small-file bodies live, so
 //! a dataset that fits in it is read from memory whatever the kernel's page cache holds.
 //!
-//! Bounding unflushed data matters beyond memory: RocksDB replays and flushes a store's WAL
-//! when it opens, which needs room on disk for about that much, so a node on a full disk
-//! restarts only if its unflushed data fits in what the reserve gives back (see
+//! Bounding unflushed data matters beyond memory: RocksDB replays and flushes the log's WAL
+//! when it opens, and openraft applies again what the partitions' stores had not flushed
+//! (they keep no WAL), which needs room on disk for about that much, so a node on a full
+//! disk restarts only if its unflushed data fits in what the reserve gives back (see
 //! `crate::space`). Must not open stores itself.
 
 use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
