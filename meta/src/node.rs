@@ -195,8 +195,9 @@ impl Node {
             store.watch_space(space.clone());
             stores.push((p, store));
         }
-        // Every store is open (the log's WAL replayed and flushed): the restart share goes back in
-        // place before any Raft group can write, so that a node that stops again finds it.
+        // Every store is open (the log's WAL replayed and flushed): the restart share goes
+        // back in place before any Raft group can write, so that a node that stops again
+        // finds it.
         if let Err(e) = Space::off_runtime(&space, Space::hold_restart_share).await {
             tracing::warn!(node = me, "hold the space reserve's restart share: {e}");
         }
