@@ -8,7 +8,10 @@
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
 //! see `data`), and the flush and release of a handle with nothing to commit. So is the
 //! kernel's `security.capability` check before the first write to a relaxed file this
-//! mount has just created (it has no xattrs yet; see `Shared::fresh`). Ordering
+//! mount has just created (it has no xattrs yet; see `Shared::fresh`). A lookup and a
+//! getattr start in the session thread and finish there when nothing makes them wait (a
+//! relaxed read that the node in this very process, `talon up`'s, answers at once); one
+//! that must wait (the network, a ReadIndex) goes on in the runtime. Ordering
 //! between requests is the kernel's business: it already serialises what POSIX requires
 //! (a write returns before the `close` that flushes it, directory operations on one name
 //! hold its lock), and the mount adds no ordering of its own beyond one lock per open
@@ -47,6 +50,7 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
     WriteFlags,
 };
+use futures::FutureExt;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
@@ -140,6 +144,21 @@ impl TalonFs {
     {
         let s = self.s.clone();
         self.s.rt.spawn(f(s));
+    }
+
+    /// Runs `f` here, in the session thread, as far as it goes without waiting, and on the
+    /// runtime from there if it must wait. For point reads that the node in this process
+    /// usually answers from memory (a lookup, a getattr): no hop through the runtime.
+    fn answer_or_spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let _in_runtime = self.s.rt.enter();
+        let mut fut = Box::pin(f(self.s.clone()));
+        if fut.as_mut().now_or_never().is_none() {
+            self.s.rt.spawn(fut);
+        }
     }
 }
 
@@ -508,7 +527,7 @@ impl Filesystem for TalonFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_of(name);
-        self.spawn(move |s| async move {
+        self.answer_or_spawn(move |s| async move {
             match s.client.lookup(ino(parent), &name).await {
                 Ok(a) => {
                     let a = s.with_open_size(a);
@@ -535,7 +554,7 @@ impl Filesystem for TalonFs {
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(move |s| async move {
+        self.answer_or_spawn(move |s| async move {
             match s.getattr(ino(i)).await {
                 Ok(a) => s.attr(reply, &a),
                 Err(e) => reply.error(errno("getattr", &e)),
