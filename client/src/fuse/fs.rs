@@ -94,10 +94,10 @@ pub(crate) struct Shared {
     /// from any replica (bounded staleness; this mount's own changes show at once, see
     /// `Client::read_for`). An inode not in it is read strictly, so forgetting one is safe.
     relaxed: DashSet<Ino>,
-    /// Relaxed files this mount has just created, while the handle of the create is open:
-    /// they have no xattrs until this mount sets one, so a `getxattr` (the kernel asks for
-    /// `security.capability` before the first write to every file) or `listxattr` is
-    /// answered in the session thread, for at most the relaxed TTL after the create (the
+    /// Relaxed files this mount has just created, until a handle of theirs is released or
+    /// this mount sets an xattr on them: they have no xattrs, so a `getxattr` (the kernel
+    /// asks for `security.capability` before the first write to every file) or `listxattr`
+    /// is answered in the session thread, for at most the relaxed TTL after the create (the
     /// staleness another client's xattr may have anyway).
     fresh: DashMap<Ino, Instant>,
 }
@@ -1195,10 +1195,12 @@ impl Filesystem for TalonFs {
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
                 let (a, new) = s.client.create_entry(ino(parent), &name, spec).await?;
-                if new && a.class == Class::Relaxed {
-                    s.fresh.insert(a.ino, Instant::now());
-                }
+                let made = Instant::now();
                 let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
+                // Only with a handle: its release ends the entry.
+                if new && a.class == Class::Relaxed {
+                    s.fresh.insert(a.ino, made);
+                }
                 if flags & libc::O_TRUNC != 0 && a.size > 0 {
                     // The name existed already (a create without O_EXCL opens it).
                     if let Some(f) = s.files.get(fh) {
