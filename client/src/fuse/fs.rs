@@ -148,7 +148,8 @@ impl TalonFs {
 
     /// Runs `f` here, in the session thread, as far as it goes without waiting, and on the
     /// runtime from there if it must wait. For point reads that the node in this process
-    /// usually answers from memory (a lookup, a getattr): no hop through the runtime.
+    /// usually answers from memory (a lookup, a getattr, a small body) and for writes a
+    /// handle only buffers: no hop through the runtime.
     fn answer_or_spawn<F, Fut>(&self, f: F)
     where
         F: FnOnce(Arc<Shared>) -> Fut,
@@ -810,7 +811,9 @@ impl Filesystem for TalonFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(move |s| async move {
+        // A read of a body the handle holds, or one the node in this process serves from
+        // memory, finishes here.
+        self.answer_or_spawn(move |s| async move {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
@@ -834,7 +837,8 @@ impl Filesystem for TalonFs {
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
-        self.spawn(move |s| async move {
+        // A write the handle only buffers finishes here.
+        self.answer_or_spawn(move |s| async move {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
