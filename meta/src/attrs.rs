@@ -44,8 +44,7 @@ impl<'a> Attrs<'a> {
         ino: Ino,
     ) -> Result<Attr, TalonError> {
         let part = self.node.home_part(p, ino)?;
-        self.ns().read_guard(part, relaxed, epoch).await?;
-        self.ns().attr_of(part, ino).await
+        self.ns().guarded_attr(part, relaxed, epoch, ino).await
     }
 
     /// Applies a setattr at the inode's home.

@@ -109,6 +109,15 @@ pub(crate) fn outcome_epoch(out: &BTreeMap<u32, crate::types::Outcome>) -> u64 {
     out.values().map(|o| o.epoch).max().unwrap_or(0)
 }
 
+/// Refuses a request made at client epoch `epoch` (not 0) older than the partition's
+/// `current` one.
+fn check_epoch(epoch: u64, current: u64) -> Result<(), TalonError> {
+    if epoch < current {
+        return Err(TalonError::StaleEpoch { epoch: current });
+    }
+    Ok(())
+}
+
 /// What a create answers.
 #[derive(Debug)]
 pub struct Created {
@@ -143,15 +152,19 @@ impl<'a> Namespace<'a> {
         relaxed: bool,
         epoch: u64,
     ) -> Result<(), TalonError> {
+        self.read_barrier(part, relaxed).await?;
+        if epoch != 0 {
+            check_epoch(epoch, part.store.epoch().map_err(storage_error)?)?;
+        }
+        Ok(())
+    }
+
+    /// The first half of [`Namespace::read_guard`], for a read that checks the epoch in
+    /// its own view: a relaxed read within the staleness bound, or a linearizable one.
+    async fn read_barrier(&self, part: &Partition, relaxed: bool) -> Result<(), TalonError> {
         let bound = Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms);
         if !(relaxed && part.relaxed_ok(bound)) {
             part.linearizable().await?;
-        }
-        if epoch != 0 {
-            let cur = part.store.epoch().map_err(storage_error)?;
-            if epoch < cur {
-                return Err(TalonError::StaleEpoch { epoch: cur });
-            }
         }
         Ok(())
     }
@@ -253,8 +266,37 @@ impl<'a> Namespace<'a> {
         } else {
             self.read_inode(ino).await?
         };
+        self.found_attr(rec, ino)
+    }
+
+    /// The attributes of inode `ino` read as `rec`, as this node answers them.
+    fn found_attr(&self, rec: Option<InodeRec>, ino: Ino) -> Result<Attr, TalonError> {
         rec.map(|r| self.node.with_queued_touches(r.attr))
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
+    }
+
+    /// [`Namespace::read_guard`] then [`Namespace::attr_of`], in one view of `part` when it
+    /// is `ino`'s home.
+    pub(crate) async fn guarded_attr(
+        &self,
+        part: &Partition,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+    ) -> Result<Attr, TalonError> {
+        if ino.home() != part.id {
+            self.read_guard(part, relaxed, epoch).await?;
+            return self.attr_of(part, ino).await;
+        }
+        self.read_barrier(part, relaxed).await?;
+        let (cur_epoch, rec) = part
+            .store
+            .read(|v| Ok((v.epoch()?, v.inode(ino)?)))
+            .map_err(storage_error)?;
+        if epoch != 0 {
+            check_epoch(epoch, cur_epoch)?;
+        }
+        self.found_attr(rec, ino)
     }
 
     /// Looks up `name` in `parent` on partition `p`.
@@ -268,23 +310,34 @@ impl<'a> Namespace<'a> {
     ) -> Result<(Attr, u64), TalonError> {
         check_name(name)?;
         let part = self.node.local(p)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        // Validate placement when the class is known here; an unknown parent is not
-        // fetched for a read (absent entries answer ENOENT either way).
-        let known_class = if parent.home() == p {
-            part.store
-                .read(|v| v.inode(parent))
-                .map_err(storage_error)?
-                .map(|r| r.attr.class)
-        } else {
-            part.store
-                .read(|v| {
+        self.read_barrier(part, relaxed).await?;
+        // One view for the whole answer: the epoch, the parent's class where it is known
+        // here (an unknown parent is not fetched for a read: absent entries answer ENOENT
+        // either way), the entry, and its inode when this partition is its home.
+        let (cur_epoch, known_class, locked, dentry, inode) = part
+            .store
+            .read(|v| {
+                let cur_epoch = v.epoch()?;
+                let known_class = if parent.home() == p {
+                    v.inode(parent)?.map(|r| r.attr.class)
+                } else {
                     v.get(&crate::keys::live_dir(parent))?
                         .map(|b| crate::records::dec::<Class>(&b, "live dir"))
-                        .transpose()
-                })
-                .map_err(storage_error)?
-        };
+                        .transpose()?
+                };
+                let key = crate::keys::dentry(parent, name);
+                let locked = v.get(&crate::keys::lock(&key))?.is_some();
+                let dentry = v.dentry(parent, name)?;
+                let inode = match &dentry {
+                    Some(d) if d.ino.home() == p => Some(v.inode(d.ino)?),
+                    _ => None,
+                };
+                Ok((cur_epoch, known_class, locked, dentry, inode))
+            })
+            .map_err(storage_error)?;
+        if epoch != 0 {
+            check_epoch(epoch, cur_epoch)?;
+        }
         if let Some(c) = known_class {
             let want = entry_partition(parent, name, c, self.node.partitions_count());
             if want != p {
@@ -294,14 +347,6 @@ impl<'a> Namespace<'a> {
                 )));
             }
         }
-        let (dentry, locked, cur_epoch) = part
-            .store
-            .read(|v| {
-                let key = crate::keys::dentry(parent, name);
-                let locked = v.get(&crate::keys::lock(&key))?.is_some();
-                Ok((v.dentry(parent, name)?, locked, v.epoch()?))
-            })
-            .map_err(storage_error)?;
         if locked {
             return Err(TalonError::Retry(
                 "entry is being changed by a transaction".into(),
@@ -313,7 +358,11 @@ impl<'a> Namespace<'a> {
                 format!("no entry {:?}", String::from_utf8_lossy(name)),
             )
         })?;
-        Ok((self.attr_of(part, d.ino).await?, cur_epoch))
+        let attr = match inode {
+            Some(rec) => self.found_attr(rec, d.ino)?,
+            None => self.attr_of(part, d.ino).await?,
+        };
+        Ok((attr, cur_epoch))
     }
 
     /// Plans a create of `name` in `parent` on `part`.

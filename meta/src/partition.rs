@@ -115,26 +115,29 @@ impl Partition {
     /// acknowledged, which a client's session read relies on), or a follower heard from
     /// its leader within `bound` and has applied what that leader had committed then.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
-        let m = self.raft.metrics().borrow().clone();
-        if m.running_state.is_err() {
-            return false;
-        }
-        if m.state == ServerState::Leader {
-            let applied_own_term = m
-                .last_applied
-                .is_some_and(|l| l.leader_id.term == m.current_term);
-            return applied_own_term
-                && m.millis_since_quorum_ack
-                    .is_some_and(|ms| ms < bound.as_millis() as u64);
-        }
+        // Read in place: every relaxed read asks, and a copy of the metrics allocates.
+        let applied = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            if m.running_state.is_err() {
+                return false;
+            }
+            if m.state == ServerState::Leader {
+                let applied_own_term = m
+                    .last_applied
+                    .is_some_and(|l| l.leader_id.term == m.current_term);
+                return applied_own_term
+                    && m.millis_since_quorum_ack
+                        .is_some_and(|ms| ms < bound.as_millis() as u64);
+            }
+            m.last_applied.map(|l| l.index).unwrap_or(0)
+        };
         let contact = *self
             .leader_contact
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         match contact {
-            Some((at, commit)) => {
-                at.elapsed() < bound && m.last_applied.map(|l| l.index).unwrap_or(0) >= commit
-            }
+            Some((at, commit)) => at.elapsed() < bound && applied >= commit,
             None => false,
         }
     }
