@@ -78,6 +78,8 @@ pub struct Node {
     /// Fullness of the data file system, and the reserve.
     pub space: Arc<Space>,
     log: Arc<LogDb>,
+    /// The stores' RocksDB settings; compactions pause while the disk is full.
+    tuning: crate::tuning::Tuning,
     /// Fired first when the node stops: background loops and waiting calls give up.
     cancel: CancellationToken,
     /// The background loops (`Node::spawn`).
@@ -157,6 +159,9 @@ impl Node {
             reserve,
         ))
         .with_cache(config.storage.cache_bytes);
+        // A node that starts on a full disk opens its stores without compactions, which
+        // would take the room the reserve just gave back (see `Tuning::pause_compactions`).
+        tuning.pause_compactions(space.full_since().is_some());
         let cancel = CancellationToken::new();
         let gate = crate::raft_log::LogGate {
             space: space.clone(),
@@ -232,6 +237,7 @@ impl Node {
             partitions,
             space,
             log,
+            tuning,
             cancel,
             loops: TaskTracker::new(),
             queues_cancel,
@@ -562,6 +568,20 @@ impl Node {
             }
         }
         let full = self.space.full_since().is_some();
+        // RocksDB's compactions wait while the log is at its floor, until there is as much
+        // room again above it (a compaction that resumed at once would take it again);
+        // otherwise they run, so that deleted bodies are reclaimed and a full node can
+        // leave that level. (A start-up on a full disk opens its stores with them paused;
+        // the first round here decides again.)
+        let critical = crate::space::Floors::of(cfg, r.fs.total).critical;
+        let pause = if self.tuning.compactions_paused() {
+            r.fs.avail < 2 * critical
+        } else {
+            r.level == Level::Critical
+        };
+        if self.tuning.pause_compactions(pause) {
+            self.set_compactions(pause);
+        }
         if full || r.level == Level::Ok {
             let size = if full {
                 Space::keep_restart_share
@@ -586,6 +606,28 @@ impl Node {
                 continue;
             }
             part.hand_over(self.handing_over(*p));
+        }
+    }
+
+    /// Turns RocksDB's automatic compactions of every store here off (`paused`: the disk
+    /// is all but full) or on again (see `Tuning::pause_compactions`).
+    fn set_compactions(&self, paused: bool) {
+        let me = self.config.node_id;
+        if paused {
+            tracing::warn!(
+                node = me,
+                "disk all but full: RocksDB's own compactions paused"
+            );
+        } else {
+            tracing::info!(node = me, "RocksDB's own compactions resumed");
+        }
+        if let Err(e) = self.log.set_compactions(paused) {
+            tracing::warn!(node = me, paused, "compactions of the Raft log: {e}");
+        }
+        for (p, part) in &self.partitions {
+            if let Err(e) = part.store.set_compactions(paused) {
+                tracing::warn!(node = me, partition = p, paused, "compactions: {e}");
+            }
         }
     }
 

@@ -83,6 +83,12 @@ impl Debug for LogDb {
 }
 
 impl LogDb {
+    /// Turns RocksDB's automatic compactions of the log off (`paused`) or on (see
+    /// [`crate::tuning::Tuning::pause_compactions`]).
+    pub fn set_compactions(&self, paused: bool) -> Result<(), rocksdb::Error> {
+        crate::tuning::set_compactions(&self.db, paused)
+    }
+
     /// Opens (or creates) the log database at `path` and starts its flusher thread.
     pub fn open(path: &Path) -> Result<Arc<LogDb>, LogOpenError> {
         LogDb::open_gated(path, None, &crate::tuning::Tuning::default())

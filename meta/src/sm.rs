@@ -689,6 +689,13 @@ fn install_snapshot(
         std::mem::replace(&mut *g, Arc::new(db))
     };
     drop(old);
+    // The node may have paused or resumed compactions while the new instance opened.
+    if let Err(e) = store.set_compactions(store.tuning.compactions_paused()) {
+        tracing::warn!(
+            partition = store.partition,
+            "compactions of the new instance: {e}"
+        );
+    }
     crate::fail_point!("snapshot-install-switched");
     std::fs::rename(&pending, store.snapshot_file())
         .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
@@ -700,6 +707,15 @@ fn install_snapshot(
         "installed a snapshot from the leader"
     );
     Ok(())
+}
+
+impl SmStore {
+    /// Turns RocksDB's automatic compactions of this store off (`paused`) or on (see
+    /// [`crate::tuning::Tuning::pause_compactions`]).
+    pub fn set_compactions(&self, paused: bool) -> Result<(), Fatal> {
+        crate::tuning::set_compactions(&self.db(), paused)?;
+        Ok(())
+    }
 }
 
 /// Read helpers over the live instance, for the service's read paths.
@@ -856,6 +872,7 @@ impl SmStore {
 mod tests {
     use super::*;
     use openraft::CommittedLeaderId;
+    use std::time::Duration;
 
     /// An install interrupted after its switch to the new instance is finished by the next
     /// open (its snapshot record goes in place, so the record covers the live state and the
@@ -986,5 +1003,61 @@ mod tests {
         assert_eq!(data_files(b_dir.path()), kept);
         assert_eq!(b.snapshot_mark().get(), Some(at));
         assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body));
+    }
+
+    /// Level-0 table files of `store`.
+    fn level0_files(store: &SmStore) -> u64 {
+        store
+            .db()
+            .property_int_value("rocksdb.num-files-at-level0")
+            .expect("read the property")
+            .expect("a level-0 count")
+    }
+
+    /// Flushes `n` memtables of one key each: `n` level-0 files, past RocksDB's trigger (4)
+    /// for compacting them.
+    fn flush_tables(store: &SmStore, n: u32) {
+        for i in 0..n {
+            let db = store.db();
+            db.put(format!("k{i}"), vec![7u8; 1000]).expect("write");
+            db.flush().expect("flush");
+        }
+    }
+
+    /// A store opened while the node's compactions are paused (its disk is full) leaves its
+    /// level-0 files alone, however many there are: such a compaction would take the room
+    /// kept for the log. Resumed, it compacts them; paused again while open, it does not.
+    #[test]
+    fn paused_compactions_leave_level_0_alone_until_resumed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tuning = crate::tuning::Tuning::with_budget(64 << 20);
+        assert!(tuning.pause_compactions(true));
+        assert!(!tuning.pause_compactions(true), "already paused");
+        let store = SmStore::open_tuned(dir.path(), 1, b"", tuning.clone()).expect("open");
+        flush_tables(&store, 6);
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(level0_files(&store), 6, "nothing compacted while paused");
+
+        assert!(tuning.pause_compactions(false));
+        store.set_compactions(false).expect("resume");
+        // Writing wakes RocksDB's scheduler up.
+        flush_tables(&store, 1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while level0_files(&store) > 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "level 0 still holds {} files after resuming",
+                level0_files(&store)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+
+        store.set_compactions(true).expect("pause again");
+        flush_tables(&store, 6);
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            level0_files(&store) >= 6,
+            "nothing compacted once paused again"
+        );
     }
 }

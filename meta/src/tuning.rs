@@ -6,6 +6,7 @@
 //! reserve, and the node's LRU cache (`[storage] cache_bytes`): the block cache of every
 //! store, and the blob cache of the partitions' stores, where small-file bodies live, so
 //! a dataset that fits in it is read from memory whatever the kernel's page cache holds.
+//! Also whether RocksDB compacts the stores on its own: not while the disk is all but full.
 //!
 //! Bounding unflushed data matters beyond memory: RocksDB replays and flushes the log's WAL
 //! when it opens, and openraft applies again what the partitions' stores had not flushed
@@ -13,7 +14,9 @@
 //! disk restarts only if its unflushed data fits in what the reserve gives back (see
 //! `crate::space`). Must not open stores itself.
 
-use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
+use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager, DB};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The smallest memtable a store gets.
 const MIN_WRITE_BUFFER: usize = 1 << 20;
@@ -24,6 +27,9 @@ pub struct Tuning {
     budget: Option<WriteBufferManager>,
     write_buffer_size: usize,
     cache: Option<Cache>,
+    /// RocksDB's own compactions are off in every store while set (see
+    /// [`Tuning::pause_compactions`]); shared by every clone.
+    compactions_paused: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Tuning {
@@ -50,7 +56,26 @@ impl Tuning {
             budget: Some(WriteBufferManager::new_write_buffer_manager(bytes, false)),
             write_buffer_size: (bytes / 4).max(MIN_WRITE_BUFFER),
             cache: None,
+            compactions_paused: Arc::default(),
         }
+    }
+
+    /// Turns RocksDB's automatic compactions off (`paused`) or on again for the stores
+    /// opened from now on; true if that changed, and the caller then does the same to the
+    /// stores already open ([`set_compactions`]). For a node whose disk is all but full
+    /// (`crate::node::Node::space_round`), and while a node that starts on a full disk
+    /// opens its stores: a compaction writes its whole output before it deletes its
+    /// input, and with blob garbage collection it rewrites the bodies it holds, so there it
+    /// takes the room that the node keeps for its log, and the log's next append (a vote,
+    /// an entry) fails. The node's own reclaiming compaction (`crate::data`) claims its
+    /// room first and still runs.
+    pub fn pause_compactions(&self, paused: bool) -> bool {
+        self.compactions_paused.swap(paused, Ordering::AcqRel) != paused
+    }
+
+    /// True while compactions are paused.
+    pub fn compactions_paused(&self) -> bool {
+        self.compactions_paused.load(Ordering::Acquire)
     }
 
     /// The same, with one LRU cache of `bytes` for every store's blocks and the partitions'
@@ -75,8 +100,10 @@ impl Tuning {
         configured.min((reserve / 4).max(2 * MIN_WRITE_BUFFER as u64))
     }
 
-    /// Sets `o`'s memtable size and budget, its bloom filters and its block cache.
+    /// Sets `o`'s memtable size and budget, its bloom filters and its block cache, and
+    /// whether RocksDB compacts on its own.
     pub fn apply(&self, o: &mut Options) {
+        o.set_disable_auto_compactions(self.compactions_paused());
         if self.write_buffer_size > 0 {
             o.set_write_buffer_size(self.write_buffer_size);
         }
@@ -104,6 +131,18 @@ impl Tuning {
         if let Some(c) = &self.cache {
             o.set_blob_cache(c);
         }
+    }
+}
+
+/// Turns RocksDB's automatic compactions of open store `db` off (`paused`) or on. The
+/// change takes effect in memory even when RocksDB cannot then write its OPTIONS file (as
+/// on a full disk): that file is a record no open here reads (every open passes its own
+/// options), so that failure is not one.
+pub fn set_compactions(db: &DB, paused: bool) -> Result<(), rocksdb::Error> {
+    let v = if paused { "true" } else { "false" };
+    match db.set_options(&[("disable_auto_compactions", v)]) {
+        Err(e) if e.to_string().contains("Unable to persist options") => Ok(()),
+        r => r,
     }
 }
 
