@@ -688,6 +688,7 @@ impl Node {
             nlink: t.nlink,
             now: t.now,
         };
+        let _landing = self.dir_touches.landing(vec![dir]);
         if let Err(e) = self.propose_on(dir.home(), Command::Atomic(vec![op])).await {
             self.dir_touches.add(dir, t.nlink, t.now);
             return Err(e);
@@ -709,6 +710,14 @@ impl Node {
             });
         }
         let futs = by_home.into_iter().map(|(p, ops)| async move {
+            let dirs = ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::TouchDir { dir, .. } => Some(*dir),
+                    _ => None,
+                })
+                .collect();
+            let _landing = self.dir_touches.landing(dirs);
             if let Err(e) = self.propose_on(p, Command::Atomic(ops)).await {
                 tracing::warn!(partition = p, "directory attribute update lost: {e}");
             }

@@ -124,3 +124,34 @@ async fn a_node_that_stops_stores_the_directory_updates_it_had_queued() {
     .await;
     cluster.shutdown().await;
 }
+
+/// While the flush proposes a queued update, reads of the directory still show it: taken
+/// from the queue and not yet applied, it was in neither for a moment, and a `stat` of
+/// the directory right after a create in it could see the older mtime (pjdfstest's
+/// `link/00.t` through a mount caught it now and then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_directory_update_being_flushed_still_shows() {
+    let (cluster, c) = common::cluster(1, PARTITIONS).await;
+    let d = c
+        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
+        .await
+        .expect("mkdir")
+        .ino;
+    // Each round spans about one flush period (50 ms), reading all along.
+    for i in 0..30 {
+        let f = away_name(d, &format!("f{i}-"));
+        c.create(d, &f, CreateSpec::file(0o644))
+            .await
+            .expect("create");
+        let shown = c.getattr(d).await.expect("getattr").mtime;
+        let until = std::time::Instant::now() + Duration::from_millis(60);
+        while std::time::Instant::now() < until {
+            let now = c.getattr(d).await.expect("getattr").mtime;
+            assert!(
+                now >= shown,
+                "round {i}: the directory's mtime went back from {shown:?} to {now:?}"
+            );
+        }
+    }
+    cluster.shutdown().await;
+}
