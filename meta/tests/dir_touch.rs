@@ -31,14 +31,20 @@ fn stored_mtime(cluster: &common::TestCluster, node: u64, dir: Ino) -> Option<Ti
     Some(rec.attr.mtime)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_queued_directory_update_shows_at_once_lands_soon_and_never_undoes_a_setattr() {
+/// One node, and a relaxed directory `/data` in it.
+async fn one_node_with_dir() -> (common::TestCluster, talon_client::Client, Ino) {
     let (cluster, c) = common::cluster(1, PARTITIONS).await;
     let d = c
         .create(c.root(), b"data", CreateSpec::dir(0o755, None))
         .await
         .expect("mkdir")
         .ino;
+    (cluster, c, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_directory_update_shows_at_once_lands_soon_and_never_undoes_a_setattr() {
+    let (cluster, c, d) = one_node_with_dir().await;
     let before = c.getattr(d).await.expect("getattr").mtime;
     tokio::time::sleep(Duration::from_millis(20)).await;
 
@@ -91,12 +97,7 @@ async fn a_queued_directory_update_shows_at_once_lands_soon_and_never_undoes_a_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_that_stops_stores_the_directory_updates_it_had_queued() {
-    let (mut cluster, c) = common::cluster(1, PARTITIONS).await;
-    let d = c
-        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
-        .await
-        .expect("mkdir")
-        .ino;
+    let (mut cluster, c, d) = one_node_with_dir().await;
     // A create whose directory update is still queued when the stop begins: one the
     // periodic flush has already stored says nothing, so try again with another name.
     let mut shown = None;
@@ -131,12 +132,7 @@ async fn a_node_that_stops_stores_the_directory_updates_it_had_queued() {
 /// `link/00.t` through a mount caught it now and then).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_directory_update_being_flushed_still_shows() {
-    let (cluster, c) = common::cluster(1, PARTITIONS).await;
-    let d = c
-        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
-        .await
-        .expect("mkdir")
-        .ino;
+    let (cluster, c, d) = one_node_with_dir().await;
     // Each round spans about one flush period (50 ms), reading all along.
     for i in 0..30 {
         let f = away_name(d, &format!("f{i}-"));
