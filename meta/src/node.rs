@@ -574,11 +574,12 @@ impl Node {
         // leave that level. (A start-up on a full disk opens its stores with them paused;
         // the first round here decides again.)
         let critical = crate::space::Floors::of(cfg, r.fs.total).critical;
-        let pause = if self.tuning.compactions_paused() {
-            r.fs.avail < 2 * critical
+        let resume_at = if self.tuning.compactions_paused() {
+            2 * critical
         } else {
-            r.level == Level::Critical
+            critical
         };
+        let pause = r.fs.avail < resume_at;
         if self.tuning.pause_compactions(pause) {
             self.set_compactions(pause);
         }

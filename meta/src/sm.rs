@@ -629,11 +629,13 @@ fn install_snapshot(
     let target = store.dir.join(&name);
     let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
     let data_path = store.dir.join(&data_file);
-    let res = (|| -> Result<DB, Fatal> {
+    let res = (|| -> Result<(DB, bool), Fatal> {
         let corrupt = |e: std::io::Error| Fatal::Corrupt(format!("unpack the snapshot: {e}"));
         std::fs::create_dir_all(&target).map_err(corrupt)?;
         crate::archive::unpack(&mut std::io::BufReader::new(&data), &target).map_err(corrupt)?;
         crate::fail_point!("snapshot-install-files");
+        // Whether the new instance opens with compactions paused (see the switch below).
+        let paused = store.tuning.compactions_paused();
         let db = DB::open(&db_options(&store.tuning), &target)?;
         crate::format::check_store(&db, "a received snapshot", crate::format::FORMAT)?;
         let (applied, _) = read_applied(&db)?;
@@ -657,10 +659,10 @@ fn install_snapshot(
             }
         }
         .map_err(|e| Fatal::Corrupt(format!("keep the snapshot data: {e}")))?;
-        Ok(db)
+        Ok((db, paused))
     })();
-    let db = match res {
-        Ok(db) => db,
+    let (db, paused) = match res {
+        Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&target);
             let _ = std::fs::remove_file(&data_path);
@@ -690,11 +692,14 @@ fn install_snapshot(
     };
     drop(old);
     // The node may have paused or resumed compactions while the new instance opened.
-    if let Err(e) = store.set_compactions(store.tuning.compactions_paused()) {
-        tracing::warn!(
-            partition = store.partition,
-            "compactions of the new instance: {e}"
-        );
+    let now_paused = store.tuning.compactions_paused();
+    if now_paused != paused {
+        if let Err(e) = store.set_compactions(now_paused) {
+            tracing::warn!(
+                partition = store.partition,
+                "compactions of the new instance: {e}"
+            );
+        }
     }
     crate::fail_point!("snapshot-install-switched");
     std::fs::rename(&pending, store.snapshot_file())
