@@ -15,7 +15,7 @@
 //! acknowledges everything queued first).
 
 use crate::config::{ClusterConfig, Config};
-use crate::dir_touch::DirTouches;
+use crate::dir_touch::{DirTouches, Touch};
 use crate::network::{NetFactory, PeerRpc, Peers};
 use crate::partition::Partition;
 use crate::raft_log::LogDb;
@@ -684,13 +684,9 @@ impl Node {
         let Some(t) = self.dir_touches.take(dir) else {
             return Ok(());
         };
-        let op = Op::TouchDir {
-            dir,
-            nlink: t.nlink,
-            now: t.now,
-        };
         let _landing = self.dir_touches.landing(vec![dir]);
-        if let Err(e) = self.propose_on(dir.home(), Command::Atomic(vec![op])).await {
+        let cmd = Command::Atomic(vec![touch_op(dir, t)]);
+        if let Err(e) = self.propose_on(dir.home(), cmd).await {
             self.dir_touches.add(dir, t.nlink, t.now);
             return Err(e);
         }
@@ -702,28 +698,29 @@ impl Node {
         if pending.is_empty() {
             return;
         }
-        let mut by_home: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
+        let mut by_home: BTreeMap<u32, Vec<(Ino, Touch)>> = BTreeMap::new();
         for (dir, t) in pending {
-            by_home.entry(dir.home()).or_default().push(Op::TouchDir {
-                dir,
-                nlink: t.nlink,
-                now: t.now,
-            });
+            by_home.entry(dir.home()).or_default().push((dir, t));
         }
-        let futs = by_home.into_iter().map(|(p, ops)| async move {
-            let dirs = ops
-                .iter()
-                .filter_map(|op| match op {
-                    Op::TouchDir { dir, .. } => Some(*dir),
-                    _ => None,
-                })
-                .collect();
-            let _landing = self.dir_touches.landing(dirs);
+        let futs = by_home.into_iter().map(|(p, touches)| async move {
+            let _landing = self
+                .dir_touches
+                .landing(touches.iter().map(|(d, _)| *d).collect());
+            let ops = touches.into_iter().map(|(d, t)| touch_op(d, t)).collect();
             if let Err(e) = self.propose_on(p, Command::Atomic(ops)).await {
                 tracing::warn!(partition = p, "directory attribute update lost: {e}");
             }
         });
         futures::future::join_all(futs).await;
+    }
+}
+
+/// The proposal of directory `dir`'s queued update `t`.
+fn touch_op(dir: Ino, t: Touch) -> Op {
+    Op::TouchDir {
+        dir,
+        nlink: t.nlink,
+        now: t.now,
     }
 }
 
