@@ -275,8 +275,8 @@ impl<'a> Namespace<'a> {
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 
-    /// [`Namespace::read_guard`] then [`Namespace::attr_of`], in one view of `part` when it
-    /// is `ino`'s home.
+    /// [`Namespace::read_guard`] then [`Namespace::attr_of`], in one view of `part`, which
+    /// is `ino`'s home (as `Node::home_part` gives it).
     pub(crate) async fn guarded_attr(
         &self,
         part: &Partition,
@@ -284,10 +284,7 @@ impl<'a> Namespace<'a> {
         epoch: u64,
         ino: Ino,
     ) -> Result<Attr, TalonError> {
-        if ino.home() != part.id {
-            self.read_guard(part, relaxed, epoch).await?;
-            return self.attr_of(part, ino).await;
-        }
+        debug_assert_eq!(ino.home(), part.id, "an inode is read at its home");
         self.read_barrier(part, relaxed).await?;
         let (cur_epoch, rec) = part
             .store
