@@ -3,15 +3,17 @@
 //!
 //! The FUSE session thread only decodes a request, copies what it needs out of it and
 //! spawns a task that owns the `Reply*` object; it never waits for the cluster, so as many
-//! requests can be in flight as the kernel sends (it bounds them itself). Three requests
+//! requests can be in flight as the kernel sends (it bounds them itself). The two requests
 //! that a warm epoch over relaxed files sends for every image are answered in the session
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
-//! see `data`), and the flush and release of a handle with nothing to commit. So is the
-//! kernel's `security.capability` check before the first write to a relaxed file this
-//! mount has just created (it has no xattrs yet; see `Shared::fresh`). A lookup and a
-//! getattr start in the session thread and finish there when nothing makes them wait (a
-//! relaxed read that the node in this very process, `talon up`'s, answers at once); one
-//! that must wait (the network, a ReadIndex) goes on in the runtime. Ordering
+//! see `data`) and the release of a handle with nothing to commit; a read-only open asks
+//! the kernel for no flush at all (`open_flags`), and a flush of a handle with nothing to
+//! commit is answered here too. So is the kernel's `security.capability` check before the
+//! first write to a relaxed file this mount has just created (it has no xattrs yet; see
+//! `Shared::fresh`). A lookup, a getattr, a read and a write start in the session thread
+//! and finish there when nothing makes them wait (a relaxed read that the node in this
+//! very process, `talon up`'s, answers at once; a write the handle only buffers); one that
+//! must wait (the network, a ReadIndex, a lock) goes on in the runtime. Ordering
 //! between requests is the kernel's business: it already serialises what POSIX requires
 //! (a write returns before the `close` that flushes it, directory operations on one name
 //! hold its lock), and the mount adds no ordering of its own beyond one lock per open
