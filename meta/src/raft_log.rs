@@ -54,6 +54,9 @@ pub struct LogGate {
     pub cancel: tokio_util::sync::CancellationToken,
 }
 
+/// Longest range of entries read key by key rather than by a scan (see `entries_by_key`).
+const POINT_READS_MAX: u64 = 64;
+
 /// WAL files of the log database kept for reuse once their memtables are flushed.
 const WAL_FILES_RECYCLED: usize = 4;
 
@@ -335,6 +338,61 @@ impl LogStore {
         })
     }
 
+    /// The entries of `start..end` this log holds, read one key at a time in one view of
+    /// the log. Apply and replication ask for the few entries just appended; while those
+    /// are still in the memtable a point read never opens the log's table files, where an
+    /// iterator opens one on every level.
+    fn entries_by_key(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let snap = self.db.db.snapshot();
+        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
+        for idx in start..end {
+            let value = snap
+                .get_pinned(self.key(b'e', Some(idx)))
+                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            // A missing entry is skipped, as a scan skips it: openraft reads ranges that
+            // may begin before a log's first entry.
+            if let Some(b) = value {
+                out.push(Self::decode_entry(&b)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Entries from `start` up to `end` (the group's last when `None`), in one scan.
+    fn entries_by_scan(
+        &self,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let prefix = self.key(b'e', None);
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_iterate_upper_bound(self.key(b'e', Some(end.unwrap_or(u64::MAX))));
+        let mut it = self.db.db.raw_iterator_opt(ro);
+        it.seek(self.key(b'e', Some(start)));
+        let mut out = Vec::new();
+        while let Some(k) = it.key() {
+            let idx = k
+                .strip_prefix(prefix.as_slice())
+                .and_then(|i| <[u8; 8]>::try_from(i).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| {
+                    io_err(
+                        ErrorSubject::Logs,
+                        ErrorVerb::Read,
+                        Corrupt("log key".into()),
+                    )
+                })?;
+            if end.is_some_and(|e| idx >= e) {
+                break;
+            }
+            out.push(Self::decode_entry(it.value().unwrap_or_default())?);
+            it.next();
+        }
+        it.status()
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        Ok(out)
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId<NodeId>>, StorageError> {
         let mut it = self.db.db.raw_iterator();
         it.seek_for_prev(self.key(b'e', Some(u64::MAX)));
@@ -359,33 +417,20 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s + 1,
+            Bound::Excluded(&s) => s.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let prefix = self.key(b'e', None);
-        let mut it = self.db.db.raw_iterator();
-        it.seek(self.key(b'e', Some(start)));
-        let mut out = Vec::new();
-        while let Some(k) = it.key() {
-            if !k.starts_with(&prefix) {
-                break;
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.checked_add(1),
+            Bound::Excluded(&e) => Some(e),
+            Bound::Unbounded => None,
+        };
+        match end {
+            Some(end) if end.saturating_sub(start) <= POINT_READS_MAX => {
+                self.entries_by_key(start, end)
             }
-            let idx = u64::from_be_bytes(k[prefix.len()..].try_into().map_err(|_| {
-                io_err(
-                    ErrorSubject::Logs,
-                    ErrorVerb::Read,
-                    Corrupt("log key".into()),
-                )
-            })?);
-            if !range.contains(&idx) {
-                break;
-            }
-            out.push(Self::decode_entry(it.value().unwrap_or_default())?);
-            it.next();
+            _ => self.entries_by_scan(start, end),
         }
-        it.status()
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-        Ok(out)
     }
 }
 
@@ -650,6 +695,35 @@ mod tests {
             );
         }
         assert_eq!(s.db.db.get(s.key(b'e', Some(2_011))).expect("read"), None);
+    }
+
+    /// A short range is read key by key and a long one by a scan: both give the entries
+    /// of the range the log holds, past a hole and up to the log's end.
+    #[tokio::test]
+    async fn a_range_reads_alike_key_by_key_and_by_scan() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut s = store_with_entries(dir.path(), 200, Arc::new(SnapshotMark::default()));
+        s.db.db.delete(s.key(b'e', Some(150))).expect("make a hole");
+        let indexes = |v: Vec<Entry<TypeConfig>>| v.iter().map(|e| e.log_id.index).collect();
+        for (start, end, want) in [
+            (3, 9, (3..9).collect::<Vec<u64>>()),
+            (195, 260, (195..=200).collect()),
+            (140, 160, (140..160).filter(|&i| i != 150).collect()),
+            (150, 152, vec![151]),
+            (0, 150, (1..150).collect()),
+            (201, 210, vec![]),
+        ] {
+            let by_key: Vec<u64> = indexes(s.entries_by_key(start, end).expect("by key"));
+            let by_scan: Vec<u64> = indexes(s.entries_by_scan(start, Some(end)).expect("scan"));
+            assert_eq!(by_key, want, "{start}..{end} by key");
+            assert_eq!(by_scan, want, "{start}..{end} by scan");
+            let read: Vec<u64> = indexes(s.try_get_log_entries(start..end).await.expect("read"));
+            assert_eq!(read, want, "{start}..{end}");
+        }
+        let to_end: Vec<u64> = indexes(s.try_get_log_entries(151..).await.expect("read"));
+        assert_eq!(to_end, (151..=200).collect::<Vec<u64>>());
+        let inclusive: Vec<u64> = indexes(s.try_get_log_entries(7..=7).await.expect("read"));
+        assert_eq!(inclusive, vec![7]);
     }
 
     /// A log written by a newer release is refused at open, naming both versions.
