@@ -597,8 +597,16 @@ impl<'a> Namespace<'a> {
         request: u64,
     ) -> Result<(Ino, u32), TalonError> {
         // Refuses an entry this partition does not hold (class changed, not hosted).
-        self.entry_class(part, parent, name).await?;
-        part.linearizable().await?;
+        let (class, _) = self.entry_class(part, parent, name).await?;
+        // The entry read below only plans the remove: where it applies, `ExpectDentry`
+        // checks it again, and `settle` answers a copy of this request applied meanwhile.
+        // So in a relaxed directory, on a leader, it may be as old as a relaxed lookup
+        // there (its own term applied, a quorum heard within the bound): an ENOENT it
+        // finds is the answer that lookup gives. Elsewhere it is linearizable.
+        let bound = Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms);
+        if !(class == Class::Relaxed && part.leads_fresh(bound)) {
+            part.linearizable().await?;
+        }
         if let Some(rec) = self.applied(part, request)? {
             return self.removed(rec).await;
         }

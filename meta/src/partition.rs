@@ -123,12 +123,7 @@ impl Partition {
                 return false;
             }
             if m.state == ServerState::Leader {
-                let applied_own_term = m
-                    .last_applied
-                    .is_some_and(|l| l.leader_id.term == m.current_term);
-                return applied_own_term
-                    && m.millis_since_quorum_ack
-                        .is_some_and(|ms| ms < bound.as_millis() as u64);
+                return leader_fresh(&m, bound);
             }
             m.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -140,6 +135,14 @@ impl Partition {
             Some((at, commit)) => at.elapsed() < bound && applied >= commit,
             None => false,
         }
+    }
+
+    /// True if this replica leads and a relaxed read here is within `bound` (the
+    /// leader's half of [`Partition::relaxed_ok`]).
+    pub fn leads_fresh(&self, bound: Duration) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(&m, bound)
     }
 
     /// Records an AppendEntries from the leader, carrying its commit index.
@@ -195,6 +198,17 @@ impl Partition {
     pub fn not_leader(&self) -> TalonError {
         not_leader(self.id, self.leader(), &self.peers)
     }
+}
+
+/// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
+/// from a quorum within `bound`.
+fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: Duration) -> bool {
+    let applied_own_term = m
+        .last_applied
+        .is_some_and(|l| l.leader_id.term == m.current_term);
+    applied_own_term
+        && m.millis_since_quorum_ack
+            .is_some_and(|ms| ms < bound.as_millis() as u64)
 }
 
 fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
