@@ -162,11 +162,15 @@ impl<'a> Namespace<'a> {
     /// The first half of [`Namespace::read_guard`], for a read that checks the epoch in
     /// its own view: a relaxed read within the staleness bound, or a linearizable one.
     async fn read_barrier(&self, part: &Partition, relaxed: bool) -> Result<(), TalonError> {
-        let bound = Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms);
-        if !(relaxed && part.relaxed_ok(bound)) {
+        if !(relaxed && part.relaxed_ok(self.staleness_bound())) {
             part.linearizable().await?;
         }
         Ok(())
+    }
+
+    /// How old a relaxed read may be (`cluster.relaxed_staleness_ms`).
+    fn staleness_bound(&self) -> Duration {
+        Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms)
     }
 
     /// The class of directory `dir` as seen from `part`, and whether `part` must learn it
@@ -603,8 +607,7 @@ impl<'a> Namespace<'a> {
         // So in a relaxed directory, on a leader, it may be as old as a relaxed lookup
         // there (its own term applied, a quorum heard within the bound): an ENOENT it
         // finds is the answer that lookup gives. Elsewhere it is linearizable.
-        let bound = Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms);
-        if !(class == Class::Relaxed && part.leads_fresh(bound)) {
+        if !(class == Class::Relaxed && part.leads_fresh(self.staleness_bound())) {
             part.linearizable().await?;
         }
         if let Some(rec) = self.applied(part, request)? {
