@@ -97,6 +97,8 @@ pub struct ClusterSpec {
     pub replication: u32,
     /// Number of partitions.
     pub partitions: u32,
+    /// The nodes' log filter (`RUST_LOG` syntax), `warn` by default.
+    pub node_log: String,
 }
 
 /// State of one node's process.
@@ -372,6 +374,7 @@ impl Cluster {
     /// Starts node `id` (after reaping a dead process of it), appending to its log.
     pub fn start(&mut self, id: u64) -> Result<(), ClusterError> {
         let bin = self.spec.meta_bin.clone();
+        let filter = self.spec.node_log.clone();
         let n = self.node(id)?;
         if let Some(mut c) = n.child.take() {
             let _ = c.kill();
@@ -394,7 +397,7 @@ impl Cluster {
             .arg("start")
             .arg("--config")
             .arg(&n.config)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", filter)
             .env(FAIL_POINTS_ENV, &n.fail_points)
             .stdin(Stdio::null())
             .stdout(log)

@@ -75,6 +75,8 @@ pub struct RunConfig {
     /// Snapshot every partition after this many log entries (default: the server's), so
     /// that a node back from a fault is sent a snapshot.
     pub snapshot_every: Option<u64>,
+    /// The nodes' log filter (`RUST_LOG` syntax).
+    pub node_log: String,
 }
 
 impl RunConfig {
@@ -108,6 +110,7 @@ impl RunConfig {
             disk_mib: 2048,
             talon_bin: PathBuf::from("talon"),
             snapshot_every: None,
+            node_log: "warn".into(),
         }
     }
 }
@@ -222,6 +225,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         nodes: cfg.nodes,
         replication: cfg.replication,
         partitions: cfg.partitions,
+        node_log: cfg.node_log.clone(),
     })?;
     if cfg.nemeses.contains(&NemesisKind::DiskFull) {
         cluster.mount_disks(ns, cfg.disk_mib)?;

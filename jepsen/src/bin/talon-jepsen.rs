@@ -108,6 +108,10 @@ struct RunArgs {
     /// inside a snapshot install; else the server's own).
     #[arg(long)]
     snapshot_every: Option<u64>,
+    /// The nodes' log filter, in `RUST_LOG` syntax (for example
+    /// `warn,openraft=debug`); the logs are in the kept working directory.
+    #[arg(long, default_value = "warn")]
+    node_log: String,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -166,6 +170,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.keep = a.keep;
     c.lenient = a.lenient;
     c.disk_mib = a.disk_mib;
+    c.node_log = a.node_log;
     c.snapshot_every = a
         .snapshot_every
         .or_else(|| c.nemeses.contains(&NemesisKind::Crash).then_some(300));
