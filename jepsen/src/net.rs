@@ -55,10 +55,12 @@ impl NetNs {
     }
 }
 
+/// The calling thread's network namespace (a namespace is per thread; `/proc/self` would
+/// name the main thread's).
 fn netns_id() -> Result<String, NetError> {
-    std::fs::read_link("/proc/self/ns/net")
+    std::fs::read_link("/proc/thread-self/ns/net")
         .map(|p| p.display().to_string())
-        .map_err(|e| NetError::NotPrivate(format!("read /proc/self/ns/net: {e}")))
+        .map_err(|e| NetError::NotPrivate(format!("read /proc/thread-self/ns/net: {e}")))
 }
 
 fn run(cmd: &str, args: &[&str], stdin: Option<&str>) -> Result<(), NetError> {
