@@ -11,6 +11,14 @@
 //!
 //! Both queues are tasks owned by the partition and stop when its cancellation token
 //! fires; callers still waiting get `Unavailable`.
+//!
+//! A proposal holds one of the few in-flight slots only while this replica leads in the
+//! term it was made in. openraft answers a proposal when its entry applies or is cut from
+//! the log, but not when a deposed leader installs a snapshot that covers the entry
+//! without a conflicting entry at the snapshot's own index: that answer never comes, and
+//! a slot held for it would stop the partition's proposals on this node for good (jepsen
+//! finding F9). So a deposed leader's proposals give their slots back, and are answered
+//! `Unavailable` (outcome unknown) if no answer comes within `DEPOSED_WAIT`.
 
 use crate::network::Peers;
 use crate::sm::SmStore;
@@ -30,6 +38,9 @@ const PROPOSALS_IN_FLIGHT: usize = 2;
 /// A merged proposal stops growing at this many payload bytes (file data), so one Raft
 /// entry stays well within a peer message.
 const PROPOSAL_BYTES: usize = 4 << 20;
+/// How long a proposal made by a leader since deposed waits for openraft's answer (its
+/// entry applied, or cut from the log) before it is answered `Unavailable`.
+const DEPOSED_WAIT: Duration = Duration::from_secs(5);
 
 /// A partition replica on this node.
 pub struct Partition {
@@ -266,7 +277,6 @@ async fn proposer(
         }
         let p = p.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
             let single = cmds.len() == 1;
             let cmd = if single {
@@ -274,7 +284,30 @@ async fn proposer(
             } else {
                 Command::Batch(cmds)
             };
-            match p.raft.client_write(cmd).await {
+            let write = p.raft.client_write(cmd);
+            tokio::pin!(write);
+            let answer = tokio::select! {
+                biased;
+                r = &mut write => r,
+                _ = deposed(&p.raft) => {
+                    drop(permit);
+                    match tokio::time::timeout(DEPOSED_WAIT, write).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            let err = TalonError::Unavailable(format!(
+                                "partition {}: this replica stopped leading before the \
+                                 proposal was answered; it may still apply",
+                                p.id
+                            ));
+                            for r in replies {
+                                let _ = r.send(Err(err.clone()));
+                            }
+                            return;
+                        }
+                    }
+                }
+            };
+            match answer {
                 Ok(resp) => {
                     if single {
                         for r in replies {
@@ -302,6 +335,27 @@ async fn proposer(
         });
     }
     // Dropping rx answers queued callers with Unavailable (their oneshot is dropped).
+}
+
+/// Returns once this replica does not lead, or leads in a later term than when first
+/// polled: a proposal made in the first term is then no longer this leader's to answer.
+async fn deposed(raft: &Raft) {
+    // The server metrics change only with the vote, role, leader or membership, not with
+    // every entry, so this wakes rarely on a busy leader.
+    let mut server = raft.server_metrics();
+    let mut term = None;
+    loop {
+        {
+            let m = server.borrow_and_update();
+            let now = m.vote.leader_id().term;
+            if m.state != ServerState::Leader || *term.get_or_insert(now) != now {
+                return;
+            }
+        }
+        if server.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn read_barrier(
