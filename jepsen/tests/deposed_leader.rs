@@ -16,13 +16,14 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use talon_client::{Client, ClientOptions, PartitionStatus};
 use talon_jepsen::cluster::{Cluster, ClusterSpec};
 use talon_jepsen::net::{enter_private_netns, Firewall};
 use talon_meta::network::{PeerRpc, Peers};
 use talon_meta::node::{PeerReply, PeerRequest};
 use talon_meta::types::Command;
+use talon_testkit::poll_until as eventually;
 
 /// Entries between snapshots; a tenth of it stays in the log behind each.
 const SNAPSHOT_EVERY: u64 = 100;
@@ -34,24 +35,6 @@ async fn status(client: &Client, id: u64) -> Option<PartitionStatus> {
         .ok()?;
     let node = all.into_iter().find(|n| n.node_id == id)?;
     node.partitions.ok()?.into_iter().find(|p| p.id == 0)
-}
-
-/// Polls `f` every 100 ms until it returns Some, or fails after `limit`.
-async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("timed out after {limit:?} waiting for {what}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The node among `ids` that says it leads partition 0.

@@ -502,3 +502,22 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Polls `f` every 100 ms until it returns Some; after `limit`, an error that names
+/// `what`.
+pub async fn poll_until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

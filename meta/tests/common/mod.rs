@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use talon_client::{Client, ClientOptions};
 use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
 
@@ -180,19 +180,14 @@ pub fn test_raft(snapshot_after: u64, keep: u64) -> RaftConfig {
 }
 
 /// Polls `f` every 100 ms until it returns Some, or panics after `limit`.
-pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    talon_testkit::poll_until(limit, what, f)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The node leading `partition` once one is known and its read barrier succeeds, polled
