@@ -28,23 +28,34 @@ use talon_testkit::poll_until as eventually;
 /// Entries between snapshots; a tenth of it stays in the log behind each.
 const SNAPSHOT_EVERY: u64 = 100;
 
+/// Partition 0's status on every node that answers within 3 s, with the node's id: one
+/// round of status calls.
+async fn statuses(client: &Client) -> Vec<(u64, PartitionStatus)> {
+    let Ok(all) = tokio::time::timeout(Duration::from_secs(3), client.status()).await else {
+        return Vec::new();
+    };
+    all.into_iter()
+        .filter_map(|n| {
+            let p0 = n.partitions.ok()?.into_iter().find(|p| p.id == 0)?;
+            Some((n.node_id, p0))
+        })
+        .collect()
+}
+
 /// Partition 0's status on node `id`, if it answers within 3 s.
 async fn status(client: &Client, id: u64) -> Option<PartitionStatus> {
-    let all = tokio::time::timeout(Duration::from_secs(3), client.status())
+    statuses(client)
         .await
-        .ok()?;
-    let node = all.into_iter().find(|n| n.node_id == id)?;
-    node.partitions.ok()?.into_iter().find(|p| p.id == 0)
+        .into_iter()
+        .find_map(|(n, s)| (n == id).then_some(s))
 }
 
 /// The node among `ids` that says it leads partition 0.
 async fn leader_among(client: &Client, ids: &[u64]) -> Option<u64> {
-    for &id in ids {
-        if status(client, id).await.is_some_and(|s| s.role == "LEADER") {
-            return Some(id);
-        }
-    }
-    None
+    statuses(client)
+        .await
+        .into_iter()
+        .find_map(|(n, s)| (ids.contains(&n) && s.role == "LEADER").then_some(n))
 }
 
 /// Proposes a no-op on partition 0 at node `id` itself, following no redirect: Ok with
