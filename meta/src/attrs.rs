@@ -85,11 +85,17 @@ impl<'a> Attrs<'a> {
         name: &[u8],
     ) -> Result<Vec<u8>, TalonError> {
         let part = self.node.home_part(p, ino)?;
-        self.ns().read_guard(part, relaxed, epoch).await?;
-        let (rec, val) = part
-            .store
-            .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
-            .map_err(storage_error)?;
+        let read = || {
+            part.store
+                .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
+                .map_err(storage_error)
+        };
+        let (rec, val) = self
+            .ns()
+            .read_at_class(part, relaxed, epoch, read, |(rec, _)| {
+                rec.as_ref().map(|r| r.attr.class)
+            })
+            .await?;
         let rec = rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         if name == SYMLINK_XATTR {
             return if rec.attr.kind == FileKind::Symlink {
@@ -110,12 +116,18 @@ impl<'a> Attrs<'a> {
         ino: Ino,
     ) -> Result<Vec<Vec<u8>>, TalonError> {
         let part = self.node.home_part(p, ino)?;
-        self.ns().read_guard(part, relaxed, epoch).await?;
         let prefix = crate::keys::xattr_prefix(ino);
-        let (rec, keys) = part
-            .store
-            .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
-            .map_err(storage_error)?;
+        let read = || {
+            part.store
+                .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
+                .map_err(storage_error)
+        };
+        let (rec, keys) = self
+            .ns()
+            .read_at_class(part, relaxed, epoch, read, |(rec, _)| {
+                rec.as_ref().map(|r| r.attr.class)
+            })
+            .await?;
         rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         Ok(keys
             .into_iter()

@@ -90,8 +90,15 @@ impl<'a> Files<'a> {
         want_body: bool,
     ) -> Result<OpenFile, TalonError> {
         let part = self.node.home_part(p, ino)?;
-        self.ns().read_guard(part, relaxed, epoch).await?;
-        read_local(part, ino, want_body)?
+        self.ns()
+            .read_at_class(
+                part,
+                relaxed,
+                epoch,
+                || read_local(part, ino, want_body),
+                |f| f.as_ref().map(|f| f.attr.class),
+            )
+            .await?
             .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
     }
 

@@ -145,7 +145,8 @@ impl<'a> Namespace<'a> {
     }
 
     /// Checks the caller may read from `part`: a relaxed read within the staleness bound,
-    /// or a linearizable one through the leader; then the client's epoch.
+    /// or a linearizable one through the leader; then the client's epoch. For reads of
+    /// something with a class of its own, [`Namespace::read_at_class`].
     pub async fn read_guard(
         &self,
         part: &Partition,
@@ -153,6 +154,11 @@ impl<'a> Namespace<'a> {
         epoch: u64,
     ) -> Result<(), TalonError> {
         self.read_barrier(part, relaxed).await?;
+        self.check_epoch_here(part, epoch)
+    }
+
+    /// Refuses client epoch `epoch` (not 0) if `part` has seen a newer one.
+    fn check_epoch_here(&self, part: &Partition, epoch: u64) -> Result<(), TalonError> {
         if epoch != 0 {
             check_epoch(epoch, part.store.epoch().map_err(storage_error)?)?;
         }
@@ -161,11 +167,38 @@ impl<'a> Namespace<'a> {
 
     /// The first half of [`Namespace::read_guard`], for a read that checks the epoch in
     /// its own view: a relaxed read within the staleness bound, or a linearizable one.
-    async fn read_barrier(&self, part: &Partition, relaxed: bool) -> Result<(), TalonError> {
-        if !(relaxed && part.relaxed_ok(self.staleness_bound())) {
-            part.linearizable().await?;
+    /// True if the read is served relaxed (no ReadIndex was made).
+    async fn read_barrier(&self, part: &Partition, relaxed: bool) -> Result<bool, TalonError> {
+        if relaxed && part.relaxed_ok(self.staleness_bound()) {
+            return Ok(true);
         }
-        Ok(())
+        part.linearizable().await?;
+        Ok(false)
+    }
+
+    /// `read` of `part` at the class of what it reads, as this replica's state shows it
+    /// (`class`; `None` where it is not known here), not at the class the client believed
+    /// (`relaxed`): a client may have learned a directory's class before it changed (a
+    /// change allowed while the directory is empty), and a strict directory or file read
+    /// relaxed would give up linearizability. A read served relaxed that finds its object
+    /// strict is made again after a ReadIndex, so `read` may run twice. Then the client's
+    /// `epoch` (0: the caller checks it in its own view).
+    pub(crate) async fn read_at_class<T>(
+        &self,
+        part: &Partition,
+        relaxed: bool,
+        epoch: u64,
+        read: impl Fn() -> Result<T, TalonError>,
+        class: impl Fn(&T) -> Option<Class>,
+    ) -> Result<T, TalonError> {
+        let served_relaxed = self.read_barrier(part, relaxed).await?;
+        let mut got = read()?;
+        if served_relaxed && class(&got) == Some(Class::Strict) {
+            part.linearizable().await?;
+            got = read()?;
+        }
+        self.check_epoch_here(part, epoch)?;
+        Ok(got)
     }
 
     /// How old a relaxed read may be (`cluster.relaxed_staleness_ms`).
@@ -289,11 +322,19 @@ impl<'a> Namespace<'a> {
         ino: Ino,
     ) -> Result<Attr, TalonError> {
         debug_assert_eq!(ino.home(), part.id, "an inode is read at its home");
-        self.read_barrier(part, relaxed).await?;
-        let (cur_epoch, rec) = part
-            .store
-            .read(|v| Ok((v.epoch()?, v.inode(ino)?)))
-            .map_err(storage_error)?;
+        let (cur_epoch, rec) = self
+            .read_at_class(
+                part,
+                relaxed,
+                0,
+                || {
+                    part.store
+                        .read(|v| Ok((v.epoch()?, v.inode(ino)?)))
+                        .map_err(storage_error)
+                },
+                |(_, rec)| rec.as_ref().map(|r| r.attr.class),
+            )
+            .await?;
         if epoch != 0 {
             check_epoch(epoch, cur_epoch)?;
         }
@@ -311,31 +352,34 @@ impl<'a> Namespace<'a> {
     ) -> Result<(Attr, u64), TalonError> {
         check_name(name)?;
         let part = self.node.local(p)?;
-        self.read_barrier(part, relaxed).await?;
         // One view for the whole answer: the epoch, the parent's class where it is known
         // here (an unknown parent is not fetched for a read: absent entries answer ENOENT
         // either way), the entry, and its inode when this partition is its home.
-        let (cur_epoch, known_class, locked, dentry, inode) = part
-            .store
-            .read(|v| {
-                let cur_epoch = v.epoch()?;
-                let known_class = if parent.home() == p {
-                    v.inode(parent)?.map(|r| r.attr.class)
-                } else {
-                    v.get(&crate::keys::live_dir(parent))?
-                        .map(|b| crate::records::dec::<Class>(&b, "live dir"))
-                        .transpose()?
-                };
-                let key = crate::keys::dentry(parent, name);
-                let locked = v.get(&crate::keys::lock(&key))?.is_some();
-                let dentry = v.dentry(parent, name)?;
-                let inode = match &dentry {
-                    Some(d) if d.ino.home() == p => Some(v.inode(d.ino)?),
-                    _ => None,
-                };
-                Ok((cur_epoch, known_class, locked, dentry, inode))
-            })
-            .map_err(storage_error)?;
+        let view = || {
+            part.store
+                .read(|v| {
+                    let cur_epoch = v.epoch()?;
+                    let known_class = if parent.home() == p {
+                        v.inode(parent)?.map(|r| r.attr.class)
+                    } else {
+                        v.get(&crate::keys::live_dir(parent))?
+                            .map(|b| crate::records::dec::<Class>(&b, "live dir"))
+                            .transpose()?
+                    };
+                    let key = crate::keys::dentry(parent, name);
+                    let locked = v.get(&crate::keys::lock(&key))?.is_some();
+                    let dentry = v.dentry(parent, name)?;
+                    let inode = match &dentry {
+                        Some(d) if d.ino.home() == p => Some(v.inode(d.ino)?),
+                        _ => None,
+                    };
+                    Ok((cur_epoch, known_class, locked, dentry, inode))
+                })
+                .map_err(storage_error)
+        };
+        let (cur_epoch, known_class, locked, dentry, inode) = self
+            .read_at_class(part, relaxed, 0, view, |(_, class, ..)| *class)
+            .await?;
         if epoch != 0 {
             check_epoch(epoch, cur_epoch)?;
         }
@@ -782,8 +826,21 @@ impl<'a> Namespace<'a> {
         plus: bool,
     ) -> Result<(Vec<(Vec<u8>, Dentry, Option<Attr>)>, bool), TalonError> {
         let part = self.node.local(p)?;
-        self.read_guard(part, relaxed, epoch).await?;
-        if !relaxed {
+        // A strict directory's entries all live at its home, where its class is known.
+        let home_class = || match dir.home() == p {
+            true => match crate::reads::dir_class(&part.store, dir) {
+                Ok(c) => Ok(Some(c)),
+                // Gone, or not a directory: the listing answers as before.
+                Err(TalonError::Posix { .. }) => Ok(None),
+                Err(e) => Err(e),
+            },
+            false => Ok(None),
+        };
+        let strict = self
+            .read_at_class(part, relaxed, epoch, home_class, |c| *c)
+            .await?
+            == Some(Class::Strict);
+        if !relaxed || strict {
             // A prepared transaction that changes entries of `dir` (a rename across
             // partitions, say) locks them here until it finishes here. Its other half may
             // already be finished and seen by another listing, so a strict listing waits
