@@ -91,6 +91,11 @@ pub struct MdtestArgs {
     /// Tasks (mdtest's MPI ranks): OS threads making the same calls concurrently.
     #[arg(long, default_value_t = 1)]
     pub tasks: usize,
+    /// Files per call in the file create and stat phases, through the target's batch
+    /// calls (talon: targets only, empty files: -w 0). An item's latency is then its
+    /// call's. 1: one call per file, as mdtest makes them.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Directory the test runs in (inside the target when --target is given).
     #[arg(short = 'd', default_value = "./out")]
     pub dir: String,
@@ -126,6 +131,7 @@ impl Default for MdtestArgs {
             rename: false,
             stride: 0,
             tasks: 1,
+            batch: 1,
             dir: "./out".into(),
             target: None,
             json: None,
@@ -151,6 +157,9 @@ impl MdtestArgs {
         num("e", self.read_bytes, 0);
         num("i", self.iterations as u64, 1);
         num("N", self.stride as u64, 0);
+        if self.batch != 1 {
+            c.push_str(&format!(" --batch {}", self.batch));
+        }
         for (on, flag) in [
             (self.unique_dir, "u"),
             (self.files_only, "F"),
@@ -302,6 +311,8 @@ pub struct Plan {
     pub iterations: u32,
     /// Task stride for stat, read and remove.
     pub stride: usize,
+    /// Files per call in the file create and stat phases.
+    pub batch: usize,
 }
 
 /// Most items one run may make (per task, times tasks), a bound on every loop.
@@ -315,6 +326,12 @@ impl Plan {
         }
         if a.iterations == 0 {
             bail!("-i must be at least 1");
+        }
+        if a.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if a.batch > 1 && a.write_bytes > 0 {
+            bail!("--batch creates empty files: it takes -w 0");
         }
         if a.depth > 0 && a.branch == 0 {
             bail!("-b must be at least 1 with -z");
@@ -382,6 +399,7 @@ impl Plan {
             read_bytes: usize::try_from(a.read_bytes).context("-e is too large")?,
             iterations: a.iterations,
             stride: a.stride,
+            batch: a.batch,
         })
     }
 
@@ -817,6 +835,10 @@ fn run_task(
                 ticker.tick();
             }
         }
+        Phase::FileCreate | Phase::FileStat if plan.batch > 1 => {
+            let k = if phase == Phase::FileCreate { 0 } else { 1 };
+            run_batches(plan, fs, idir, phase, plan.owner(rank, k), ticker, &mut out);
+        }
         _ => {
             let k = match phase {
                 Phase::DirCreate | Phase::FileCreate => 0,
@@ -863,6 +885,49 @@ fn run_task(
         }
     }
     out
+}
+
+/// Task `owner`'s files, created or stat'ed `plan.batch` at a time (each call's files in
+/// one directory) through the target's batch calls.
+fn run_batches(
+    plan: &Plan,
+    fs: &dyn Fs,
+    idir: &str,
+    phase: Phase,
+    owner: usize,
+    ticker: &mut Ticker<'_>,
+    out: &mut TaskOutcome,
+) {
+    let mut i = 0;
+    while i < plan.items {
+        let d = i / plan.items_per_dir;
+        let end = plan
+            .items
+            .min((d + 1) * plan.items_per_dir)
+            .min(i + plan.batch as u64);
+        let dir = format!("{idir}/{}", plan.item_dir(owner, i));
+        let names: Vec<String> = (i..end)
+            .map(|j| format!("file.mdtest.{owner}.{j}"))
+            .collect();
+        let started = Instant::now();
+        let results = match phase {
+            Phase::FileCreate => fs.create_batch(&dir, &names),
+            _ => fs
+                .stat_batch(&dir, &names)
+                .map(|rs| rs.into_iter().map(|r| r.map(drop)).collect()),
+        };
+        let results = results.unwrap_or_else(|| {
+            let none = || std::io::Error::other("the target has no batch calls (--batch)");
+            names.iter().map(|_| Err(none())).collect()
+        });
+        let elapsed = started.elapsed();
+        for (name, r) in names.iter().zip(results) {
+            out.latency.record(elapsed);
+            out.note(&format!("{dir}/{name}"), r);
+            ticker.tick();
+        }
+        i = end;
+    }
 }
 
 /// Full path of item `i` of task `owner`.

@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use talon_client::{
-    Client, ClientOptions, ImportOptions, ImportProgress, MkdirOptions, OpenOptions, TalonError,
+    Client, ClientOptions, CreateSpec, ImportOptions, ImportProgress, MkdirOptions, OpenOptions,
+    TalonError,
 };
 
 /// A workload target as the command line names it.
@@ -95,6 +96,15 @@ pub trait Fs: Send + Sync {
     fn unlink(&self, path: &str) -> io::Result<()>;
     /// Renames `from` to `to`, replacing `to` as `rename(2)` does.
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Creates empty regular files `names` in directory `dir`, in as few calls as the
+    /// target can; one result per name, in order. `None` if the target has no batch calls.
+    fn create_batch(&self, _dir: &str, _names: &[String]) -> Option<Vec<io::Result<()>>> {
+        None
+    }
+    /// The sizes of `names` in directory `dir`, as [`Fs::create_batch`] asks.
+    fn stat_batch(&self, _dir: &str, _names: &[String]) -> Option<Vec<io::Result<u64>>> {
+        None
+    }
     /// Whether anything exists at `path`.
     fn exists(&self, path: &str) -> bool {
         self.stat(path).is_ok()
@@ -338,6 +348,43 @@ impl Fs for TalonFs {
     fn stat(&self, path: &str) -> io::Result<u64> {
         let c = self.client();
         self.block(async move { c.stat(path).await.map(|a| a.size) })
+    }
+
+    fn create_batch(&self, dir: &str, names: &[String]) -> Option<Vec<io::Result<()>>> {
+        let c = self.client();
+        let specs = names
+            .iter()
+            .map(|n| (n.as_bytes().to_vec(), CreateSpec::file(0o644)))
+            .collect();
+        let results = self.rt.block_on(async move {
+            match c.stat(dir).await {
+                Ok(parent) => c.create_batch(parent.ino, specs).await,
+                Err(e) => vec![Err(e); names.len()],
+            }
+        });
+        Some(
+            results
+                .into_iter()
+                .map(|r| r.map(drop).map_err(io_err))
+                .collect(),
+        )
+    }
+
+    fn stat_batch(&self, dir: &str, names: &[String]) -> Option<Vec<io::Result<u64>>> {
+        let c = self.client();
+        let names = names.iter().map(|n| n.as_bytes().to_vec()).collect();
+        let results = self.rt.block_on(async move {
+            match c.stat(dir).await {
+                Ok(parent) => c.lookup_batch(parent.ino, names).await,
+                Err(e) => vec![Err(e); names.len()],
+            }
+        });
+        Some(
+            results
+                .into_iter()
+                .map(|r| r.map(|a| a.size).map_err(io_err))
+                .collect(),
+        )
     }
 
     fn open_read(&self, path: &str, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {

@@ -102,3 +102,56 @@ fn mdtest_through_the_library_makes_and_removes_what_it_says() {
     assert_eq!(rt.block_on(count(&client, "/bench")), (0, 0));
     rt.block_on(cluster.shutdown());
 }
+
+#[test]
+fn mdtest_batches_make_and_find_every_file() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cluster = rt
+        .block_on(
+            TestCluster::builder()
+                .nodes(1)
+                .partitions(4)
+                .replication(1)
+                .start(),
+        )
+        .expect("start cluster");
+    // 2 tasks, 12 files each in 3 directories of 4 (depth 1, branch 2), batches of 3: each
+    // directory takes a call of 3 and one of 1 (a call's files share a directory).
+    let base = MdtestArgs {
+        tasks: 2,
+        items: 12,
+        depth: 1,
+        branch: 2,
+        unique_dir: true,
+        files_only: true,
+        batch: 3,
+        dir: "/batched".into(),
+        target: Some(TargetSpec::Talon(cluster.addrs())),
+        quiet: true,
+        ..MdtestArgs::default()
+    };
+    let made = mdtest::run(&MdtestArgs {
+        create: true,
+        stat: true,
+        ..base.clone()
+    })
+    .expect("create and stat phases");
+    assert_eq!(made.errors, 0, "{:?}", made.iterations);
+    for p in &made.iterations[0].phases {
+        if p.phase.starts_with("File") {
+            assert_eq!((p.ops, p.calls), (24, 24), "{}", p.phase);
+        }
+    }
+    let client = rt
+        .block_on(Client::connect(&cluster.addrs(), ClientOptions::default()))
+        .expect("connect");
+    assert_eq!(rt.block_on(count(&client, "/batched")).0, 24);
+    let gone = mdtest::run(&MdtestArgs {
+        remove: true,
+        ..base
+    })
+    .expect("remove phases");
+    assert_eq!(gone.errors, 0, "{:?}", gone.iterations);
+    assert_eq!(rt.block_on(count(&client, "/batched")), (0, 0));
+    rt.block_on(cluster.shutdown());
+}

@@ -63,6 +63,11 @@ fn bad_flags_are_refused() {
     assert!(Plan::new(&parse(&["-n", "10", "--tasks", "0"])).is_err());
     assert!(Plan::new(&parse(&["-n", "3", "-z", "2", "-b", "2"])).is_err());
     assert!(Plan::new(&parse(&["-n", "10", "-I", "3"])).is_err());
+    assert!(Plan::new(&parse(&["-n", "10", "--batch", "0"])).is_err());
+    assert!(
+        Plan::new(&parse(&["-n", "10", "--batch", "8", "-w", "4k"])).is_err(),
+        "batches create empty files"
+    );
 }
 
 #[test]
@@ -84,6 +89,8 @@ fn the_command_line_round_trips() {
         "4096",
         "-i",
         "2",
+        "--batch",
+        "8",
         "-d",
         "run dir",
         "--target",
