@@ -11,7 +11,8 @@
 //! leave together in the next call (`AppendBatch`), each answered on its own. A commit is
 //! an append to each follower and another carrying the commit index, per group; with many
 //! groups busy, one message per peer then carries many of them instead of one HTTP/2
-//! stream each. An idle node's appends leave at once, alone.
+//! stream each. An idle node's appends leave at once, alone; a big one (file data) goes
+//! beside the queue, so that small appends do not wait behind its transfer.
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
@@ -44,6 +45,10 @@ const APPENDS_IN_FLIGHT: usize = 2;
 
 /// Payload bytes past which a batch takes no more appends (the next call takes them).
 const APPEND_BATCH_BYTES: usize = 8 << 20;
+
+/// An append bigger than this (file data) goes alone, beside the queue: the small appends
+/// of other groups do not wait behind its transfer and fsync.
+const QUEUED_APPEND_MAX: usize = 256 << 10;
 
 /// Channels to the other nodes of the cluster, created lazily and kept for the node's life.
 #[derive(Debug)]
@@ -178,6 +183,11 @@ impl Peers {
         timeout: Duration,
     ) -> Result<RaftReply, PeerError> {
         let client = self.client(id)?;
+        if request.payload.len() > QUEUED_APPEND_MAX {
+            self.append_calls.fetch_add(1, Ordering::Relaxed);
+            self.appends_sent.fetch_add(1, Ordering::Relaxed);
+            return send_one(id, client, PeerRpc::Append, request, timeout).await;
+        }
         let queue = self
             .appends
             .lock()
