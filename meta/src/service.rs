@@ -18,7 +18,7 @@ use std::sync::Arc;
 use talon_model::attr::class_from_wire;
 use talon_model::{Attr, ChunkRef, CreateSpec, Ino, Layout, SetAttr, TalonError, Time};
 use talon_proto::raft::raft_server::{Raft as RaftSvc, RaftServer};
-use talon_proto::raft::{RaftBatch, RaftBatchReply, RaftReply, RaftRequest};
+use talon_proto::raft::{RaftReply, RaftRequest};
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_server::{Namespace as NamespaceSvc, NamespaceServer};
 use tonic::{Request, Response, Status};
@@ -632,9 +632,12 @@ impl RaftApi {
             .local(p)
             .map_err(|e| Status::not_found(e.to_string()))
     }
+}
 
-    /// One partition group's AppendEntries.
-    async fn append(&self, r: RaftRequest) -> Res<RaftReply> {
+#[tonic::async_trait]
+impl RaftSvc for RaftApi {
+    async fn append_entries(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
+        let r = r.into_inner();
         let part = self.raft(r.partition)?;
         let req: AppendEntriesRequest<TypeConfig> = decode(&r)?;
         let commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
@@ -643,38 +646,6 @@ impl RaftApi {
             part.note_leader_contact(commit);
         }
         reply(res)
-    }
-}
-
-#[tonic::async_trait]
-impl RaftSvc for RaftApi {
-    async fn append_entries(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
-        self.append(r.into_inner()).await
-    }
-
-    async fn append_batch(&self, r: Request<RaftBatch>) -> Res<RaftBatchReply> {
-        let requests = r.into_inner().requests;
-        if requests.len() > crate::network::MAX_APPEND_BATCH {
-            return Err(Status::invalid_argument(format!(
-                "{} appends in one batch, at most {}",
-                requests.len(),
-                crate::network::MAX_APPEND_BATCH
-            )));
-        }
-        // The groups' appends run at once; a failed one is answered as its own failure
-        // (a reason without a typed error), the sender's transport error for that group.
-        let replies = futures::future::join_all(requests.into_iter().map(|r| async move {
-            match self.append(r).await {
-                Ok(reply) => reply.into_inner(),
-                Err(s) => RaftReply {
-                    error: format!("{:?}: {}", s.code(), s.message()),
-                    format: crate::format::FORMAT,
-                    ..Default::default()
-                },
-            }
-        }))
-        .await;
-        Ok(Response::new(RaftBatchReply { replies }))
     }
 
     async fn vote(&self, r: Request<RaftRequest>) -> Res<RaftReply> {

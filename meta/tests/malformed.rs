@@ -8,7 +8,6 @@ use common::TestCluster;
 use std::io::Write;
 use talon_model::{Errno, TalonError, ROOT_INO};
 use talon_proto::raft::raft_client::RaftClient;
-use talon_proto::raft::RaftBatch;
 use talon_proto::raft::RaftRequest;
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
@@ -168,33 +167,6 @@ async fn malformed_requests_get_errors() {
             .await;
         assert!(r.is_err(), "garbage peer call on partition {p} accepted");
     }
-    // A batch of appends answers each on its own: garbage and an unknown partition with
-    // their own errors, in order; and more appends than a batch may hold is refused whole.
-    let garbage = |partition| RaftRequest {
-        partition,
-        payload: vec![0xff; 64].into(),
-        format: talon_meta::format::FORMAT,
-    };
-    let replies = raft
-        .append_batch(RaftBatch {
-            requests: vec![garbage(0), garbage(77)],
-        })
-        .await
-        .expect("a batch of bad appends is answered")
-        .into_inner()
-        .replies;
-    assert_eq!(replies.len(), 2);
-    assert!(replies[0].error.contains("undecodable"), "{:?}", replies[0]);
-    assert!(replies[1].error.contains("NotFound"), "{:?}", replies[1]);
-    let too_many = RaftBatch {
-        requests: vec![garbage(0); talon_meta::network::MAX_APPEND_BATCH + 1],
-    };
-    let s = raft
-        .append_batch(too_many)
-        .await
-        .expect_err("an oversized batch");
-    assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
-
     // A payload in another format version (an unversioned sender's is 0) is refused
     // before it is decoded, naming both versions.
     for format in [0, talon_meta::format::FORMAT + 1] {
