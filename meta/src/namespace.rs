@@ -146,7 +146,7 @@ impl<'a> Namespace<'a> {
 
     /// Checks the caller may read from `part`: a relaxed read within the staleness bound,
     /// or a linearizable one through the leader; then the client's epoch. For reads of
-    /// something with a class of its own, [`Namespace::read_at_class`].
+    /// something with a class of its own, `Namespace::read_at_class`.
     pub async fn read_guard(
         &self,
         part: &Partition,
