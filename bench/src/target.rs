@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use talon_client::{
-    Client, ClientOptions, CreateSpec, ImportOptions, ImportProgress, MkdirOptions, OpenOptions,
-    TalonError,
+    Client, ClientOptions, CreateSpec, ImportOptions, ImportProgress, Ino, MkdirOptions,
+    OpenOptions, TalonError,
 };
 
 /// A workload target as the command line names it.
@@ -300,6 +300,23 @@ impl TalonFs {
         }
     }
 
+    /// `call` on directory `dir`'s inode, for a batch of `n` (each fails as the
+    /// directory's resolution does, if it does).
+    fn batch_in<T, F, Fut>(&self, dir: &str, n: usize, call: F) -> Vec<io::Result<T>>
+    where
+        F: FnOnce(Client, Ino) -> Fut,
+        Fut: std::future::Future<Output = Vec<Result<T, TalonError>>>,
+    {
+        let c = self.client();
+        let results = self.rt.block_on(async move {
+            match c.stat(dir).await {
+                Ok(parent) => call(c, parent.ino).await,
+                Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+            }
+        });
+        results.into_iter().map(|r| r.map_err(io_err)).collect()
+    }
+
     fn block<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, TalonError>>,
@@ -351,40 +368,22 @@ impl Fs for TalonFs {
     }
 
     fn create_batch(&self, dir: &str, names: &[String]) -> Option<Vec<io::Result<()>>> {
-        let c = self.client();
         let specs = names
             .iter()
             .map(|n| (n.as_bytes().to_vec(), CreateSpec::file(0o644)))
             .collect();
-        let results = self.rt.block_on(async move {
-            match c.stat(dir).await {
-                Ok(parent) => c.create_batch(parent.ino, specs).await,
-                Err(e) => vec![Err(e); names.len()],
-            }
+        let results = self.batch_in(dir, names.len(), |c, parent| async move {
+            c.create_batch(parent, specs).await
         });
-        Some(
-            results
-                .into_iter()
-                .map(|r| r.map(drop).map_err(io_err))
-                .collect(),
-        )
+        Some(results.into_iter().map(|r| r.map(drop)).collect())
     }
 
     fn stat_batch(&self, dir: &str, names: &[String]) -> Option<Vec<io::Result<u64>>> {
-        let c = self.client();
-        let names = names.iter().map(|n| n.as_bytes().to_vec()).collect();
-        let results = self.rt.block_on(async move {
-            match c.stat(dir).await {
-                Ok(parent) => c.lookup_batch(parent.ino, names).await,
-                Err(e) => vec![Err(e); names.len()],
-            }
+        let names: Vec<Vec<u8>> = names.iter().map(|n| n.as_bytes().to_vec()).collect();
+        let results = self.batch_in(dir, names.len(), |c, parent| async move {
+            c.lookup_batch(parent, names).await
         });
-        Some(
-            results
-                .into_iter()
-                .map(|r| r.map(|a| a.size).map_err(io_err))
-                .collect(),
-        )
+        Some(results.into_iter().map(|r| r.map(|a| a.size)).collect())
     }
 
     fn open_read(&self, path: &str, len: usize, buf: &mut Vec<u8>) -> io::Result<usize> {

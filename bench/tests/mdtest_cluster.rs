@@ -28,8 +28,8 @@ async fn count(client: &Client, path: &str) -> (usize, usize) {
     (files, dirs)
 }
 
-#[test]
-fn mdtest_through_the_library_makes_and_removes_what_it_says() {
+/// A runtime and a one-node cluster of four partitions on it.
+fn one_node() -> (tokio::runtime::Runtime, TestCluster) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let cluster = rt
         .block_on(
@@ -40,6 +40,12 @@ fn mdtest_through_the_library_makes_and_removes_what_it_says() {
                 .start(),
         )
         .expect("start cluster");
+    (rt, cluster)
+}
+
+#[test]
+fn mdtest_through_the_library_makes_and_removes_what_it_says() {
+    let (rt, cluster) = one_node();
     let target = TargetSpec::Talon(cluster.addrs());
     let base = MdtestArgs {
         tasks: 2,
@@ -105,16 +111,7 @@ fn mdtest_through_the_library_makes_and_removes_what_it_says() {
 
 #[test]
 fn mdtest_batches_make_and_find_every_file() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let cluster = rt
-        .block_on(
-            TestCluster::builder()
-                .nodes(1)
-                .partitions(4)
-                .replication(1)
-                .start(),
-        )
-        .expect("start cluster");
+    let (rt, cluster) = one_node();
     // 2 tasks, 12 files each in 3 directories of 4 (depth 1, branch 2), batches of 3: each
     // directory takes a call of 3 and one of 1 (a call's files share a directory).
     let base = MdtestArgs {

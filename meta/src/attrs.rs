@@ -7,9 +7,10 @@
 
 use crate::namespace::{outcome_attr, posix, record_request, Namespace};
 use crate::node::Node;
-use crate::records::storage_error;
+use crate::records::{storage_error, Fatal, InodeRec};
 use crate::txn::Txns;
 use crate::types::{AttrChange, Op};
+use crate::view::View;
 use std::collections::BTreeMap;
 use talon_model::placement::dir_partitions;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time, SYMLINK_XATTR};
@@ -33,6 +34,29 @@ impl<'a> Attrs<'a> {
     /// The namespace's guards and reads these operations build on.
     fn ns(&self) -> Namespace<'a> {
         Namespace::new(self.node)
+    }
+
+    /// Inode `ino`'s record and `more` of it, read in one view of its home at the inode's
+    /// class (see `Namespace::read_at_class`).
+    async fn inode_and<T>(
+        &self,
+        p: u32,
+        relaxed: bool,
+        epoch: u64,
+        ino: Ino,
+        more: impl Fn(&View<'_>) -> Result<T, Fatal>,
+    ) -> Result<(Option<InodeRec>, T), TalonError> {
+        let part = self.node.home_part(p, ino)?;
+        let read = || {
+            part.store
+                .read(|v| Ok((v.inode(ino)?, more(v)?)))
+                .map_err(storage_error)
+        };
+        self.ns()
+            .read_at_class(part, relaxed, epoch, read, |(rec, _)| {
+                rec.as_ref().map(|r| r.attr.class)
+            })
+            .await
     }
 
     /// Attributes of `ino` (served by its home partition).
@@ -84,17 +108,9 @@ impl<'a> Attrs<'a> {
         ino: Ino,
         name: &[u8],
     ) -> Result<Vec<u8>, TalonError> {
-        let part = self.node.home_part(p, ino)?;
-        let read = || {
-            part.store
-                .read(|v| Ok((v.inode(ino)?, v.get(&crate::keys::xattr(ino, name))?)))
-                .map_err(storage_error)
-        };
+        let key = crate::keys::xattr(ino, name);
         let (rec, val) = self
-            .ns()
-            .read_at_class(part, relaxed, epoch, read, |(rec, _)| {
-                rec.as_ref().map(|r| r.attr.class)
-            })
+            .inode_and(p, relaxed, epoch, ino, |v| v.get(&key))
             .await?;
         let rec = rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         if name == SYMLINK_XATTR {
@@ -115,18 +131,9 @@ impl<'a> Attrs<'a> {
         epoch: u64,
         ino: Ino,
     ) -> Result<Vec<Vec<u8>>, TalonError> {
-        let part = self.node.home_part(p, ino)?;
         let prefix = crate::keys::xattr_prefix(ino);
-        let read = || {
-            part.store
-                .read(|v| Ok((v.inode(ino)?, v.keys_with_prefix(&prefix)?)))
-                .map_err(storage_error)
-        };
         let (rec, keys) = self
-            .ns()
-            .read_at_class(part, relaxed, epoch, read, |(rec, _)| {
-                rec.as_ref().map(|r| r.attr.class)
-            })
+            .inode_and(p, relaxed, epoch, ino, |v| v.keys_with_prefix(&prefix))
             .await?;
         rec.ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))?;
         Ok(keys
