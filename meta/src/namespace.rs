@@ -826,8 +826,9 @@ impl<'a> Namespace<'a> {
         plus: bool,
     ) -> Result<(Vec<(Vec<u8>, Dentry, Option<Attr>)>, bool), TalonError> {
         let part = self.node.local(p)?;
-        // A strict directory's entries all live at its home, where its class is known.
-        let home_class = || match dir.home() == p {
+        // A strict directory's entries all live at its home, where its class is known; a
+        // listing asked strictly needs no look at it.
+        let home_class = || match relaxed && dir.home() == p {
             true => match crate::reads::dir_class(&part.store, dir) {
                 Ok(c) => Ok(Some(c)),
                 // Gone, or not a directory: the listing answers as before.
