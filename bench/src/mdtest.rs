@@ -906,9 +906,7 @@ fn run_batches(
             .min((d + 1) * plan.items_per_dir)
             .min(i + plan.batch as u64);
         let dir = format!("{idir}/{}", plan.item_dir(owner, i));
-        let names: Vec<String> = (i..end)
-            .map(|j| format!("file.mdtest.{owner}.{j}"))
-            .collect();
+        let names: Vec<String> = (i..end).map(|j| item_name(owner, j, false)).collect();
         let started = Instant::now();
         let results = match phase {
             Phase::FileCreate => fs.create_batch(&dir, &names),
@@ -932,11 +930,17 @@ fn run_batches(
 
 /// Full path of item `i` of task `owner`.
 fn item_path(plan: &Plan, idir: &str, owner: usize, i: u64, is_dir: bool) -> String {
-    let kind = if is_dir { "dir" } else { "file" };
     format!(
-        "{idir}/{}/{kind}.mdtest.{owner}.{i}",
-        plan.item_dir(owner, i)
+        "{idir}/{}/{}",
+        plan.item_dir(owner, i),
+        item_name(owner, i, is_dir)
     )
+}
+
+/// Name of item `i` of task `owner` in its directory, as mdtest names it.
+fn item_name(owner: usize, i: u64, is_dir: bool) -> String {
+    let kind = if is_dir { "dir" } else { "file" };
+    format!("{kind}.mdtest.{owner}.{i}")
 }
 
 #[cfg(test)]
