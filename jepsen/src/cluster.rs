@@ -70,7 +70,7 @@ pub enum ClusterError {
     NoDisks,
     /// Fail-point faults were asked for and the binary has none.
     #[error(
-        "the crash and slow-disk faults need a talon-meta built with fail points \
+        "the crash, slow-disk and clock-jump faults need a talon-meta built with fail points \
          (cargo build -p talon-meta --features failpoints): {0}"
     )]
     NoFailPoints(String),

@@ -8,9 +8,11 @@
 //! armed to abort the node the first time it passes there: between 2PC prepare and
 //! decision, between decision and telling participants, while a participant applies the
 //! commit, in the middle of a snapshot install, or after a log append before its fsync),
-//! and a slow disk (every log fsync of a node held 50-300 ms). The `*-leader` kinds, the
-//! crash and the slow disk aim at the node leading one of the workload's partitions, as the
-//! nodes report it; a crash in a snapshot install aims at a random node, killed at once so
+//! a slow disk (every log fsync of a node held 50-300 ms), and a clock jump (the node's wall
+//! clock, as Talon reads it, moved 5 s to a day forward or back until the fault heals; the
+//! host's clock is never touched). The `*-leader` kinds, the crash, the slow disk and the
+//! clock jump aim at the node leading one of the workload's partitions, as the nodes report
+//! it; a crash in a snapshot install aims at a random node, killed at once so
 //! that it comes back behind the others and is sent a snapshot when the fault heals.
 //!
 //! A schedule alternates a quiet interval with one fault held for a while, then heals
@@ -30,6 +32,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use talon_client::Client;
+
+/// The fail point that shifts a node's wall clock (`talon_meta::clock::JUMP_POINT`).
+pub const CLOCK_POINT: &str = "wall-clock";
 
 /// A kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -56,11 +61,13 @@ pub enum NemesisKind {
     Crash,
     /// Hold every Raft log fsync of a partition leader's node for 50-300 ms.
     SlowDisk,
+    /// Move a partition leader's wall clock 5 s to a day forward or back.
+    ClockJump,
 }
 
 impl NemesisKind {
     /// Every kind.
-    pub const ALL: [NemesisKind; 11] = [
+    pub const ALL: [NemesisKind; 12] = [
         NemesisKind::Kill,
         NemesisKind::KillLeader,
         NemesisKind::Pause,
@@ -72,6 +79,7 @@ impl NemesisKind {
         NemesisKind::DiskFull,
         NemesisKind::Crash,
         NemesisKind::SlowDisk,
+        NemesisKind::ClockJump,
     ];
 
     /// Whether the kind cuts links (and so needs the firewall).
@@ -87,7 +95,10 @@ impl NemesisKind {
 
     /// Whether the kind arms fail points (and so needs a binary built with them).
     pub fn needs_fail_points(self) -> bool {
-        matches!(self, NemesisKind::Crash | NemesisKind::SlowDisk)
+        matches!(
+            self,
+            NemesisKind::Crash | NemesisKind::SlowDisk | NemesisKind::ClockJump
+        )
     }
 
     /// The name used on the command line.
@@ -104,6 +115,7 @@ impl NemesisKind {
             NemesisKind::DiskFull => "disk-full",
             NemesisKind::Crash => "crash",
             NemesisKind::SlowDisk => "slow-disk",
+            NemesisKind::ClockJump => "clock-jump",
         }
     }
 }
@@ -141,11 +153,11 @@ pub struct Nemesis {
     partitions: Vec<u32>,
     /// The fail points the binary has (empty without fail-point kinds).
     points: Vec<String>,
-    /// Nodes whose fail points this fault armed; disarmed when it heals.
-    armed: Vec<u64>,
-    /// Nodes armed to crash in a snapshot install: they keep the arm through the restart
-    /// that heals the fault, and are disarmed when the next fault starts.
-    armed_through_restart: Vec<u64>,
+    /// Fail points this fault armed, by node; disarmed when it heals.
+    armed: BTreeMap<u64, Vec<String>>,
+    /// Crashes in a snapshot install, by node: they stay armed through the restart that
+    /// heals the fault, and are disarmed when the next fault starts.
+    armed_through_restart: BTreeMap<u64, Vec<String>>,
     /// Which fail point the next crash arms (an index into `points`).
     crash_turn: usize,
     /// Faults injected, by kind.
@@ -191,8 +203,8 @@ impl Nemesis {
             rec,
             partitions,
             points,
-            armed: Vec::new(),
-            armed_through_restart: Vec::new(),
+            armed: BTreeMap::new(),
+            armed_through_restart: BTreeMap::new(),
             injected: BTreeMap::new(),
             errors: Vec::new(),
         }
@@ -264,11 +276,39 @@ impl Nemesis {
 
     /// Disarms the nodes armed through a restart.
     fn disarm_after_restart(&mut self) {
-        let mut c = lock(&self.cluster);
-        for id in std::mem::take(&mut self.armed_through_restart) {
-            if let Err(e) = c.arm(id, &[]) {
-                self.errors.push(format!("disarm n{id}: {e}"));
-            }
+        let nodes = std::mem::take(&mut self.armed_through_restart);
+        for id in nodes.into_keys() {
+            self.write_arms(id);
+        }
+    }
+
+    /// Arms `line` on node `id` beside what it already has: two faults at once may both
+    /// arm the same node. With `through_restart`, it stays until the next fault starts.
+    fn arm(&mut self, id: u64, line: String, through_restart: bool) -> Result<(), String> {
+        let held = match through_restart {
+            true => &mut self.armed_through_restart,
+            false => &mut self.armed,
+        };
+        held.entry(id).or_default().push(line);
+        let lines = self.arms_of(id);
+        lock(&self.cluster)
+            .arm(id, &lines)
+            .map_err(|e| format!("arm n{id}: {e}"))
+    }
+
+    /// Every line armed on node `id`, by either kind of hold.
+    fn arms_of(&self, id: u64) -> Vec<String> {
+        let of = |m: &BTreeMap<u64, Vec<String>>| m.get(&id).cloned().unwrap_or_default();
+        let mut lines = of(&self.armed);
+        lines.extend(of(&self.armed_through_restart));
+        lines
+    }
+
+    /// Writes node `id`'s fail-point file to what is still armed on it.
+    fn write_arms(&mut self, id: u64) {
+        let lines = self.arms_of(id);
+        if let Err(e) = lock(&self.cluster).arm(id, &lines) {
+            self.errors.push(format!("disarm n{id}: {e}"));
         }
     }
 
@@ -280,13 +320,11 @@ impl Nemesis {
                 self.errors.push(format!("heal the network: {e}"));
             }
         }
-        let mut c = lock(&self.cluster);
-        for id in std::mem::take(&mut self.armed) {
-            if let Err(e) = c.arm(id, &[]) {
-                self.errors.push(format!("disarm n{id}: {e}"));
-            }
+        let nodes = std::mem::take(&mut self.armed);
+        for id in nodes.into_keys() {
+            self.write_arms(id);
         }
-        if let Err(e) = c.heal() {
+        if let Err(e) = lock(&self.cluster).heal() {
             self.errors.push(format!("heal the nodes: {e}"));
         }
     }
@@ -315,7 +353,8 @@ impl Nemesis {
             | NemesisKind::PauseLeader
             | NemesisKind::IsolateLeader
             | NemesisKind::Crash
-            | NemesisKind::SlowDisk => self.leader().await.unwrap_or(random),
+            | NemesisKind::SlowDisk
+            | NemesisKind::ClockJump => self.leader().await.unwrap_or(random),
             _ => random,
         };
         let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -354,30 +393,37 @@ impl Nemesis {
                 }
                 let point = self.points[self.crash_turn % self.points.len()].clone();
                 self.crash_turn += 1;
-                let arm = [format!("{point}=1*return")];
-                let mut c = lock(&self.cluster);
+                let arm = format!("{point}=1*return");
                 if point.starts_with("snapshot-") {
                     // Down while the others go on (and snapshot, and purge their logs), it
                     // comes back behind them when the fault heals and is sent a snapshot.
-                    c.kill(random).map_err(|e| err(&e))?;
-                    c.arm(random, &arm).map_err(|e| err(&e))?;
-                    self.armed_through_restart.push(random);
+                    lock(&self.cluster).kill(random).map_err(|e| err(&e))?;
+                    self.arm(random, arm, true)?;
                     Ok(format!(
                         "crash n{random} at {point} (killed, armed for its restart)"
                     ))
                 } else {
-                    c.arm(target, &arm).map_err(|e| err(&e))?;
-                    self.armed.push(target);
+                    self.arm(target, arm, false)?;
                     Ok(format!("crash n{target} at {point}"))
                 }
             }
             NemesisKind::SlowDisk => {
                 let ms = self.rng.random_range(50..=300u32);
-                lock(&self.cluster)
-                    .arm(target, &[format!("log-fsync=sleep({ms})")])
-                    .map_err(|e| err(&e))?;
-                self.armed.push(target);
+                self.arm(target, format!("log-fsync=sleep({ms})"), false)?;
                 Ok(format!("slow-disk n{target} (every log fsync +{ms} ms)"))
+            }
+            NemesisKind::ClockJump => {
+                // Past the thresholds the wall clock paces: stale transactions (3 s), an
+                // unlinked file's grace (30 s), request records (5 min), chunk GC (10 min).
+                let secs = *[5i64, 45, 400, 86_400].choose(&mut self.rng).unwrap_or(&5);
+                let secs = if self.rng.random_bool(0.5) {
+                    secs
+                } else {
+                    -secs
+                };
+                let arm = format!("{CLOCK_POINT}=return({})", secs * 1000);
+                self.arm(target, arm, false)?;
+                Ok(format!("clock-jump n{target} ({secs:+} s)"))
             }
             NemesisKind::Bridge => {
                 ids.shuffle(&mut self.rng);

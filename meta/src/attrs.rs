@@ -13,7 +13,7 @@ use crate::types::{AttrChange, Op};
 use crate::view::View;
 use std::collections::BTreeMap;
 use talon_model::placement::dir_partitions;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time, SYMLINK_XATTR};
+use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, SYMLINK_XATTR};
 
 /// Longest xattr value.
 pub const XATTR_VALUE_MAX: usize = 64 * 1024;
@@ -88,7 +88,7 @@ impl<'a> Attrs<'a> {
             Op::SetAttr {
                 ino,
                 change,
-                now: Time::now(),
+                now: crate::clock::now(),
             },
         ];
         let out = Txns::new(self.node)
@@ -181,7 +181,7 @@ impl<'a> Attrs<'a> {
                 name: name.to_vec(),
                 value,
                 flags,
-                now: Time::now(),
+                now: crate::clock::now(),
             },
         ];
         record_request(&mut ops, request, ino);

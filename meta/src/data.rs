@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use talon_model::placement::chunk_partition;
-use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError, Time};
+use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
 
 /// Chunks examined per partition per garbage-collection round.
@@ -159,7 +159,7 @@ impl<'a> Files<'a> {
                 ino,
                 data,
                 expect_generation,
-                now: Time::now(),
+                now: crate::clock::now(),
             },
         ];
         applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
@@ -198,7 +198,7 @@ impl<'a> Files<'a> {
             write_id,
             index,
             data,
-            at_ms: Time::now().as_millis(),
+            at_ms: crate::clock::now().as_millis(),
         }];
         match part.propose(Command::Atomic(ops)).await? {
             CommandResult::Applied(_) => Ok(()),
@@ -299,7 +299,7 @@ impl<'a> Files<'a> {
                 chunk_size,
                 chunks,
                 expect_generation,
-                now: Time::now(),
+                now: crate::clock::now(),
             },
         ];
         applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
@@ -320,7 +320,7 @@ impl<'a> Files<'a> {
     #[allow(clippy::map_entry)]
     pub async fn collect_chunks(&self) {
         let grace = self.node.config.cluster.chunk_gc_grace_ms;
-        let now = Time::now().as_millis();
+        let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 continue;
@@ -386,7 +386,7 @@ impl<'a> Files<'a> {
     pub async fn collect_unlinked(&self) {
         let grace = self.node.config.cluster.unlinked_grace_ms;
         let short = self.node.space.level() >= crate::space::Level::NearFull;
-        let now = Time::now().as_millis();
+        let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 continue;
@@ -410,7 +410,7 @@ impl<'a> Files<'a> {
     /// partitions this node leads: older by the wall clock they carry, and found so by this
     /// node at least `REQUEST_RECORD_MS` ago by its monotonic clock (see [`confirmed_due`]).
     pub async fn collect_requests(&self) {
-        let now = Time::now().as_millis();
+        let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 continue;

@@ -11,7 +11,8 @@
 //! `name=actions` lines in the `fail` crate's syntax, every 50 ms; what the file no longer
 //! names is disarmed. Two actions matter: `return` aborts the process at the point (the
 //! `1*return` form does it on the first pass only), and `sleep(ms)` holds the step, which at
-//! `log-fsync` is a slow disk.
+//! `log-fsync` is a slow disk. The file may also arm `wall-clock=return(ms)`, which is no
+//! step but the node's clock jumping by `ms` (see `clock`).
 
 /// Every fail point, with the step it sits at.
 pub const POINTS: &[(&str, &str)] = &[
@@ -111,7 +112,7 @@ fn apply(text: &str) {
             continue;
         };
         let name = name.trim();
-        if !POINTS.iter().any(|(p, _)| *p == name) {
+        if name != crate::clock::JUMP_POINT && !POINTS.iter().any(|(p, _)| *p == name) {
             tracing::error!("fail points: no point named {name:?}");
             continue;
         }
@@ -123,7 +124,8 @@ fn apply(text: &str) {
             Err(e) => tracing::error!("fail point {name}: {e}"),
         }
     }
-    for (name, _) in POINTS {
+    let every = POINTS.iter().map(|(p, _)| *p);
+    for name in every.chain([crate::clock::JUMP_POINT]) {
         if !armed.contains(name) {
             fail::remove(name);
         }

@@ -14,6 +14,7 @@
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
 //! - `archive`: a checkpoint's files packed into one stream, with bounded memory.
+//! - `clock`: the node's wall clock, which the fault harness can make jump (a feature).
 //! - `space`: fullness of the node's data file system, thresholds and the start-up reserve.
 //! - `tuning`: RocksDB memtable sizes shared by a node's stores.
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
@@ -40,6 +41,7 @@
 pub mod apply;
 pub mod archive;
 pub mod attrs;
+pub mod clock;
 pub mod config;
 pub mod data;
 pub mod dir_touch;

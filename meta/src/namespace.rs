@@ -80,7 +80,7 @@ pub(crate) fn record_request(ops: &mut Vec<Op>, id: u64, ino: Ino) {
             Op::RecordRequest {
                 id,
                 ino,
-                at_ms: Time::now().as_millis(),
+                at_ms: crate::clock::now().as_millis(),
             },
         );
     }
@@ -429,7 +429,7 @@ impl<'a> Namespace<'a> {
             parent_class,
             learn,
             parent_here: parent.home() == part.id,
-            now: Time::now(),
+            now: crate::clock::now(),
         };
         Ok(create_ops(&at, spec, request_id))
     }
@@ -474,7 +474,9 @@ impl<'a> Namespace<'a> {
                     })?;
                 if parent.home() != part.id {
                     let nlink = i32::from(spec.kind == FileKind::Directory);
-                    self.node.touch_parent(parent, nlink, Time::now()).await;
+                    self.node
+                        .touch_parent(parent, nlink, crate::clock::now())
+                        .await;
                 }
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
@@ -667,7 +669,7 @@ impl<'a> Namespace<'a> {
                     format!("no entry {:?}", String::from_utf8_lossy(name)),
                 )
             })?;
-        let now = Time::now();
+        let now = crate::clock::now();
         let p = part.id;
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         let mut entry_ops = vec![
@@ -771,7 +773,7 @@ impl<'a> Namespace<'a> {
                 format!("inode {ino} has been unlinked"),
             ));
         }
-        let now = Time::now();
+        let now = crate::clock::now();
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
         let entry_ops = parts.entry(p).or_default();
         record_request(entry_ops, request, ino);

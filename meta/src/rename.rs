@@ -133,7 +133,7 @@ impl<'a> Renames<'a> {
             flags,
             request,
             partitions: self.node.partitions_count(),
-            now: Time::now(),
+            now: crate::clock::now(),
         };
         let mut plan = rename_plan(&at, None)?;
         if let RenamePlan::NeedsClass(dir) = plan {

@@ -16,7 +16,7 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use prost::Message;
 use std::sync::Arc;
 use talon_model::attr::class_from_wire;
-use talon_model::{Attr, ChunkRef, CreateSpec, Ino, Layout, SetAttr, TalonError, Time};
+use talon_model::{Attr, ChunkRef, CreateSpec, Ino, Layout, SetAttr, TalonError};
 use talon_proto::raft::raft_server::{Raft as RaftSvc, RaftServer};
 use talon_proto::raft::{RaftReply, RaftRequest};
 use talon_proto::v1 as pb;
@@ -207,7 +207,7 @@ impl NamespaceSvc for Api {
     async fn set_attr(&self, r: Request<pb::SetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let change = SetAttr::try_from(&r)?.resolve(Time::now());
+        let change = SetAttr::try_from(&r)?.resolve(crate::clock::now());
         let attr = Attrs::new(&self.node)
             .setattr(h.partition, h.epoch, Ino(r.ino), change)
             .await?;

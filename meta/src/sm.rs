@@ -217,7 +217,7 @@ impl SmStore {
             Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
         }
         if partition == 0 {
-            seed_root(&db, Time::now(), cluster_map)?;
+            seed_root(&db, crate::clock::now(), cluster_map)?;
         }
         Ok(Arc::new(SmStore {
             partition,

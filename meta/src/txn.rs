@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use talon_model::{TalonError, Time};
+use talon_model::TalonError;
 use tokio_util::sync::CancellationToken;
 
 /// Ranks refusals so the user sees the most meaningful one (a POSIX error over a lock).
@@ -85,7 +85,7 @@ impl<'a> Txns<'a> {
             coordinator,
             id: rand::random(),
         };
-        let at_ms = Time::now().as_millis();
+        let at_ms = crate::clock::now().as_millis();
         let prepares = parts.iter().map(|(p, ops)| {
             let cmd = Command::Prepare {
                 txid,
@@ -195,7 +195,7 @@ impl<'a> Txns<'a> {
     /// recovery threshold.
     async fn recover_stale(&self) {
         let threshold = self.node.config.raft.txn_recovery_after_ms;
-        let now = Time::now().as_millis();
+        let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 continue;
