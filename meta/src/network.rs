@@ -3,14 +3,17 @@
 //! over one connection). Implements openraft's `RaftNetworkFactory` per partition.
 //!
 //! Payloads are postcard (see `format`) of openraft's request/response types, wrapped in a `RaftRequest`
-//! that names the partition. A transport failure is reported to openraft as `Unreachable`
-//! so it backs off; an error raised by the remote Raft is passed through as `RemoteError`.
+//! that names the partition. A call that fails to reach its peer is reported to openraft as
+//! `Unreachable`, so it backs off (half a second) before trying that peer again; a call that
+//! reached it and ran out of time is a `Timeout`, retried at the next heartbeat or append
+//! without a back-off: a follower slowed by a busy machine is not a lost one. An error raised
+//! by the remote Raft is passed through as `RemoteError`.
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -46,6 +49,9 @@ pub enum PeerError {
     /// The RPC failed in transport.
     #[error("rpc to node {0}: {1}")]
     Transport(NodeId, String),
+    /// The RPC got no answer within its time.
+    #[error("rpc to node {0}: no answer within {1:?}")]
+    TimedOut(NodeId, Duration),
     /// The remote answered with an error string.
     #[error("node {0} answered: {1}")]
     Remote(NodeId, String),
@@ -122,6 +128,7 @@ impl Peers {
             format: crate::format::FORMAT,
         });
         request.set_timeout(timeout);
+        let started = std::time::Instant::now();
         let fut = async {
             match kind {
                 PeerRpc::Append => client.append_entries(request).await,
@@ -132,13 +139,20 @@ impl Peers {
         };
         let reply = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(r)) => r.into_inner(),
+            // The client's own deadline ends the call as Cancelled, the server's as
+            // DeadlineExceeded: either way the peer was reached and did not answer in time.
+            Ok(Err(s))
+                if s.code() == tonic::Code::DeadlineExceeded || started.elapsed() >= timeout =>
+            {
+                return Err(PeerError::TimedOut(id, timeout))
+            }
             Ok(Err(s)) => {
                 return Err(PeerError::Transport(
                     id,
                     format!("{:?}: {}", s.code(), s.message()),
                 ))
             }
-            Err(_) => return Err(PeerError::Transport(id, "timed out".into())),
+            Err(_) => return Err(PeerError::TimedOut(id, timeout)),
         };
         crate::format::check_message(&format!("node {id}"), reply.format)
             .map_err(|e| PeerError::Decode(id, e.to_string()))?;
@@ -174,11 +188,14 @@ pub struct NetFactory {
     pub partition: u32,
     /// The node's peers.
     pub peers: Arc<Peers>,
+    /// This node.
+    pub me: NodeId,
 }
 
 /// Sends one partition group's Raft RPCs to one target node.
 pub struct NetClient {
     partition: u32,
+    me: NodeId,
     target: NodeId,
     peers: Arc<Peers>,
 }
@@ -189,6 +206,7 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> NetClient {
         NetClient {
             partition: self.partition,
+            me: self.me,
             target,
             peers: self.peers.clone(),
         }
@@ -198,7 +216,7 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
 impl NetClient {
     async fn send<Req, Resp, E>(
         &self,
-        kind: PeerRpc,
+        action: RPCTypes,
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
@@ -207,6 +225,11 @@ impl NetClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        let kind = match action {
+            RPCTypes::AppendEntries => PeerRpc::Append,
+            RPCTypes::Vote => PeerRpc::Vote,
+            RPCTypes::InstallSnapshot => PeerRpc::Snapshot,
+        };
         let res = self
             .peers
             .call::<Req, Resp>(self.target, kind, self.partition, req, option.hard_ttl())
@@ -220,6 +243,12 @@ impl NetClient {
                     e.to_string(),
                 )))),
             },
+            Err(PeerError::TimedOut(_, timeout)) => Err(RPCError::Timeout(Timeout {
+                action,
+                id: self.me,
+                target: self.target,
+                timeout,
+            })),
             Err(e @ (PeerError::Transport(..) | PeerError::Remote(..))) => {
                 Err(RPCError::Unreachable(Unreachable::new(&e)))
             }
@@ -234,7 +263,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.send(PeerRpc::Append, &rpc, &option).await
+        self.send(RPCTypes::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -245,7 +274,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.send(PeerRpc::Snapshot, &rpc, &option).await
+        self.send(RPCTypes::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -253,6 +282,65 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.send(PeerRpc::Vote, &rpc, &option).await
+        self.send(RPCTypes::Vote, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::Vote;
+
+    fn client_to(addr: String) -> NetClient {
+        NetClient {
+            partition: 0,
+            me: 1,
+            target: 2,
+            peers: Peers::new(HashMap::from([(2, addr)])),
+        }
+    }
+
+    fn heartbeat() -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        }
+    }
+
+    /// A peer that takes the connection and never answers (a follower stalled on a busy
+    /// machine) is a timeout, which openraft retries without backing off; a peer nobody
+    /// listens for is unreachable, which it backs off from.
+    #[tokio::test]
+    async fn a_silent_peer_times_out_and_a_missing_one_is_unreachable() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = silent.local_addr().expect("addr").to_string();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = silent.accept().await {
+                conns.push(c);
+            }
+        });
+        let option = RPCOption::new(Duration::from_millis(200));
+        match client_to(addr).append_entries(heartbeat(), option).await {
+            Err(RPCError::Timeout(t)) => {
+                assert_eq!((t.id, t.target), (1, 2));
+                assert_eq!(t.action, RPCTypes::AppendEntries);
+            }
+            other => panic!("a silent peer gave {other:?}"),
+        }
+        held.abort();
+
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = gone.local_addr().expect("addr").to_string();
+        drop(gone);
+        let option = RPCOption::new(Duration::from_secs(5));
+        match client_to(addr).append_entries(heartbeat(), option).await {
+            Err(RPCError::Unreachable(_)) => {}
+            other => panic!("a missing peer gave {other:?}"),
+        }
     }
 }

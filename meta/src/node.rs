@@ -214,6 +214,7 @@ impl Node {
                 NetFactory {
                     partition: p,
                     peers: peers.clone(),
+                    me,
                 },
                 log.group_behind(p, store.snapshot_mark()),
                 PartitionSm::new(store.clone()),
