@@ -4,10 +4,11 @@
 //!
 //! Payloads are postcard (see `format`) of openraft's request/response types, wrapped in a `RaftRequest`
 //! that names the partition. A call that fails to reach its peer is reported to openraft as
-//! `Unreachable`, so it backs off (half a second) before trying that peer again; a call that
-//! reached it and ran out of time is a `Timeout`, retried at the next heartbeat or append
-//! without a back-off: a follower slowed by a busy machine is not a lost one. An error raised
-//! by the remote Raft is passed through as `RemoteError`.
+//! `Unreachable` (a refused connection, a broken stream), so it backs off (half a second)
+//! before trying that peer again; a call that got no answer in its time (a follower slowed
+//! by a busy machine, or one behind a cut link) is a `Timeout`, retried at the next heartbeat
+//! or append without a back-off. An error raised by the remote Raft is passed through as
+//! `RemoteError`.
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
