@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 use talon_client::{Client, ClientOptions};
 use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
@@ -74,6 +74,17 @@ impl ProcCluster {
         raft: RaftConfig,
         cluster: impl Fn(&mut ClusterConfig),
     ) -> ProcCluster {
+        ProcCluster::start_configured(n, partitions, raft, |c| cluster(&mut c.cluster))
+    }
+
+    /// As [`ProcCluster::start`], with `adjust` changing each node's whole configuration
+    /// (storage budgets, say) after the fixture has filled it in.
+    pub fn start_configured(
+        n: u64,
+        partitions: u32,
+        raft: RaftConfig,
+        adjust: impl Fn(&mut Config),
+    ) -> ProcCluster {
         let dir = tempfile::Builder::new()
             .prefix("talon-proc-")
             .tempdir()
@@ -103,7 +114,7 @@ impl ProcCluster {
             c.cluster.nodes = nodes.clone();
             c.cluster.partitions = partitions;
             c.cluster.replication = n.min(3) as u32;
-            cluster(&mut c.cluster);
+            adjust(&mut c);
             c.validate().expect("valid config");
             let path = dir.path().join(format!("node{}.toml", node.id));
             std::fs::write(&path, toml::to_string(&c).expect("encode config"))
@@ -131,7 +142,8 @@ impl ProcCluster {
             .arg("--config")
             .arg(&self.configs[i])
             .env("RUST_LOG", "warn,talon_meta::txn=info")
-            .stdout(Stdio::null())
+            // The node logs to its standard output.
+            .stdout(log.try_clone().expect("log file"))
             .stderr(log)
             .spawn()
             .expect("spawn talon-meta")
@@ -149,6 +161,11 @@ impl ProcCluster {
     pub fn restart(&mut self, id: u64) {
         let child = self.spawn((id - 1) as usize);
         self.children[(id - 1) as usize] = Some(child);
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.children[(id - 1) as usize].as_ref().map(Child::id)
     }
 
     /// The node's log, for failure messages.
