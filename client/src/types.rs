@@ -81,6 +81,9 @@ pub struct PartitionStatus {
     pub applied_index: u64,
     /// Index of the last snapshot.
     pub snapshot_index: u64,
+    /// Log entries up to this index are purged (covered by a snapshot): a replica behind
+    /// it can catch up only by installing a snapshot.
+    pub purged_index: u64,
     /// Directory entries held.
     pub entries: u64,
     /// Inodes held.

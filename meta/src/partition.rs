@@ -24,7 +24,7 @@ use crate::network::Peers;
 use crate::sm::SmStore;
 use crate::types::{Command, CommandResult, NodeId, Raft};
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::ServerState;
+use openraft::{ServerState, Vote};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use talon_model::TalonError;
@@ -58,6 +58,9 @@ pub struct Partition {
     /// proposals and linearizable reads are then refused as from a follower, so that
     /// nothing this leader does renews the other replicas' leader lease.
     handing_over: std::sync::atomic::AtomicBool,
+    /// When the last snapshot chunk from the current leader arrived, while this replica
+    /// holds off elections for it (see [`Partition::receiving_snapshot`]).
+    snapshot_chunk_at: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -88,6 +91,7 @@ impl Partition {
             reads: rtx,
             leader_contact: Mutex::new(None),
             handing_over: std::sync::atomic::AtomicBool::new(false),
+            snapshot_chunk_at: Mutex::new(None),
         });
         tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
         tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
@@ -170,11 +174,73 @@ impl Partition {
     /// follower would (NotLeader, no leader known), so the other replicas' lease runs out
     /// and one of them takes over.
     pub fn hand_over(&self, on: bool) {
-        let rc = self.raft.runtime_config();
-        rc.elect(!on);
-        rc.heartbeat(!on);
         self.handing_over
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.raft.runtime_config().heartbeat(!on);
+        let at = self
+            .snapshot_chunk_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.allow_elections(&at);
+    }
+
+    /// Lets this replica campaign unless it hands its leadership over or a snapshot is
+    /// streaming in (`at`, the guarded time of the last chunk, so that the two settle it
+    /// under one lock).
+    fn allow_elections(&self, at: &Option<Instant>) {
+        let handing_over = self.handing_over.load(std::sync::atomic::Ordering::Relaxed);
+        self.raft
+            .runtime_config()
+            .elect(!handing_over && at.is_none());
+    }
+
+    /// Records a snapshot chunk sent with `vote`, and holds off this replica's elections
+    /// while chunks from the current leader keep coming.
+    ///
+    /// openraft sends a follower no heartbeat while a snapshot streams to it, and a chunk
+    /// does not reset the follower's election timer. A snapshot that takes longer to send
+    /// than an election timeout (a partition of a real dataset is gigabytes) would make the
+    /// follower campaign in the middle of it; it cannot win (its log is behind), but its
+    /// higher term deposes the leader, the stream starts over under the next one, and the
+    /// replica never catches up (seen at 150 MB a partition: elections every second, for
+    /// good). Elections come back once no chunk has come for the longest election timeout,
+    /// so a leader that dies mid-stream is still replaced.
+    pub fn receiving_snapshot(self: &Arc<Self>, vote: &Vote<NodeId>) {
+        if *vote < self.raft.metrics().borrow().vote {
+            // From a deposed leader: this replica's vote will answer it.
+            return;
+        }
+        {
+            let mut at = self
+                .snapshot_chunk_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if at.replace(Instant::now()).is_some() {
+                return;
+            }
+            self.allow_elections(&at);
+        }
+        let quiet = Duration::from_millis(self.raft.config().election_timeout_max);
+        let p = self.clone();
+        // Ends by itself, once no chunk came for `quiet`.
+        tokio::spawn(async move {
+            loop {
+                let due = {
+                    let mut at = p
+                        .snapshot_chunk_at
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let Some(last) = *at else { return };
+                    if Instant::now() >= last + quiet {
+                        *at = None;
+                        p.allow_elections(&at);
+                        return;
+                    }
+                    last + quiet
+                };
+                tokio::time::sleep_until(due.into()).await;
+            }
+        });
     }
 
     fn check_handing_over(&self) -> Result<(), TalonError> {

@@ -667,6 +667,7 @@ impl RaftSvc for RaftApi {
                 self.node.config.node_id, r.partition
             )));
         }
+        part.receiving_snapshot(&req.vote);
         reply(part.raft.install_snapshot(req).await)
     }
 

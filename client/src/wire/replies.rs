@@ -176,6 +176,7 @@ impl From<pb::PartitionStatus> for PartitionStatus {
             last_log_index: p.last_log_index,
             applied_index: p.applied_index,
             snapshot_index: p.snapshot_index,
+            purged_index: p.purged_index,
             entries: p.entries,
             inodes: p.inodes,
         }
