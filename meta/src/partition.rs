@@ -206,8 +206,13 @@ impl Partition {
     /// good). Elections come back once no chunk has come for the longest election timeout,
     /// so a leader that dies mid-stream is still replaced.
     pub fn receiving_snapshot(self: &Arc<Self>, vote: &Vote<NodeId>) {
-        if *vote < self.raft.metrics().borrow().vote {
-            // From a deposed leader: this replica's vote will answer it.
+        let mine = self.raft.metrics().borrow().vote;
+        if !matches!(
+            vote.partial_cmp(&mine),
+            Some(std::cmp::Ordering::Greater | std::cmp::Ordering::Equal)
+        ) {
+            // Not from this replica's leader (openraft refuses the chunk the same way):
+            // the answer carries this replica's vote.
             return;
         }
         {
