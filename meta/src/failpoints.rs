@@ -102,6 +102,15 @@ fn follow(path: &std::path::Path) {
     }
 }
 
+/// Every name the fail-point file may arm: the steps, and the clock's jump.
+#[cfg(feature = "failpoints")]
+fn armable() -> impl Iterator<Item = &'static str> {
+    POINTS
+        .iter()
+        .map(|(p, _)| *p)
+        .chain([crate::clock::JUMP_POINT])
+}
+
 /// Arms exactly the points `text` names (`name=actions` per line); disarms the rest.
 #[cfg(feature = "failpoints")]
 fn apply(text: &str) {
@@ -112,7 +121,7 @@ fn apply(text: &str) {
             continue;
         };
         let name = name.trim();
-        if name != crate::clock::JUMP_POINT && !POINTS.iter().any(|(p, _)| *p == name) {
+        if !armable().any(|p| p == name) {
             tracing::error!("fail points: no point named {name:?}");
             continue;
         }
@@ -124,8 +133,7 @@ fn apply(text: &str) {
             Err(e) => tracing::error!("fail point {name}: {e}"),
         }
     }
-    let every = POINTS.iter().map(|(p, _)| *p);
-    for name in every.chain([crate::clock::JUMP_POINT]) {
+    for name in armable() {
         if !armed.contains(name) {
             fail::remove(name);
         }
