@@ -335,6 +335,16 @@ impl Node {
         self.log.stats()
     }
 
+    /// Where the node's memory goes: its stores' memtables and table readers, the shared
+    /// cache and the process's resident memory.
+    pub fn memory(&self) -> crate::tuning::Memory {
+        let stores: Vec<Arc<rocksdb::DB>> =
+            self.partitions.values().map(|p| p.store.db()).collect();
+        let mut dbs: Vec<&rocksdb::DB> = stores.iter().map(|d| d.as_ref()).collect();
+        dbs.push(self.log.store());
+        self.tuning.memory(&dbs)
+    }
+
     /// The cancellation token of the node.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()

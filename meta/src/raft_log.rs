@@ -174,6 +174,11 @@ impl LogDb {
         )
     }
 
+    /// The log's store, for memory accounting.
+    pub fn store(&self) -> &DB {
+        &self.db
+    }
+
     /// Stops the flusher after it has acknowledged everything queued.
     pub fn close(&self) {
         if let Ok(mut g) = self.flush_tx.lock() {

@@ -167,6 +167,7 @@ impl NamespaceSvc for Api {
             .to_string();
         let (log_appends, log_syncs) = self.node.log_stats();
         let space = self.node.space.reading();
+        let memory = self.node.memory();
         Ok(Response::new(pb::StatusReply {
             node_id: self.node.config.node_id,
             addr,
@@ -177,6 +178,12 @@ impl NamespaceSvc for Api {
             space_used: space.used,
             space_total_bytes: space.fs.total,
             space_usable_bytes: space.usable(self.node.space.config()),
+            memory_resident: memory.resident,
+            memory_peak_resident: memory.peak_resident,
+            memory_memtables: memory.memtables,
+            memory_table_readers: memory.table_readers,
+            memory_cache: memory.cache,
+            memory_cache_pinned: memory.cache_pinned,
         }))
     }
 

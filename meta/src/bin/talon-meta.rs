@@ -175,6 +175,16 @@ async fn main() -> anyhow::Result<()> {
                 s.space_total_bytes,
                 s.space_usable_bytes
             );
+            let mib = |b: u64| b as f64 / f64::from(1 << 20);
+            println!(
+                "memory: {:.0} MiB resident ({:.0} MiB peak); memtables {:.1} MiB, table readers {:.1} MiB, cache {:.1} MiB ({:.1} MiB pinned)",
+                mib(s.memory_resident),
+                mib(s.memory_peak_resident),
+                mib(s.memory_memtables),
+                mib(s.memory_table_readers),
+                mib(s.memory_cache),
+                mib(s.memory_cache_pinned)
+            );
             let mut table = comfy_table::Table::new();
             table
                 .load_preset(comfy_table::presets::NOTHING)
