@@ -17,6 +17,7 @@
 //! - `clock`: the node's wall clock, which the fault harness can make jump (a feature).
 //! - `space`: fullness of the node's data file system, thresholds and the start-up reserve.
 //! - `tuning`: RocksDB memtable sizes shared by a node's stores.
+//! - `malloc`: the process's C allocator: fewer arenas, freed memory back to the kernel.
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
 //! - `network`: node-to-node channels and openraft's network for every group.
 //! - `reads`: a replica's own file and directory reads, shared by clients' and peers' paths.
@@ -49,6 +50,7 @@ pub mod failpoints;
 pub mod format;
 pub mod keys;
 pub mod kv;
+pub mod malloc;
 pub mod namespace;
 pub mod network;
 pub mod node;

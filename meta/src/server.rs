@@ -3,7 +3,7 @@
 //!
 //! [`open`] opens a node ([`Node::open`]: storage and Raft groups) and starts the
 //! background loops of the layers above it (stale-transaction recovery, data garbage
-//! collection); [`RunningNode::start`] also serves the gRPC edge (`service`) on a
+//! collection) and the allocator's trims; [`RunningNode::start`] also serves the gRPC edge (`service`) on a
 //! listener, and [`RunningNode::shutdown`] stops accepting requests, waits for in-flight
 //! ones, then shuts the node down. Nothing outlives `shutdown`, so the same data directory
 //! can be opened again at once. It owns process lifetime only: what each loop does lives in
@@ -17,9 +17,11 @@ use tokio::net::TcpListener;
 /// Opens `config`'s node with every background loop running, not yet serving: a caller in
 /// the same process reaches it through `service::namespace` (as `talon up`'s mount does).
 pub async fn open(config: Config) -> Result<Arc<Node>, StartError> {
+    crate::malloc::tune();
     let node = Node::open(config).await?;
     node.spawn(crate::txn::recovery_loop);
     node.spawn(crate::data::gc_loop);
+    node.spawn(|_, cancel| crate::malloc::trim_loop(cancel));
     Ok(node)
 }
 
