@@ -12,6 +12,9 @@
 //!   file appears exactly once, unless a rename of it could have taken effect between the
 //!   two reads: twice only if one from `a` to `b` was in flight, nowhere only if one from
 //!   `b` to `a` was. At the final quiescent listing every file appears exactly once.
+//! - [`check_links`]: the links workload's operations on each file (link, unlink, read of
+//!   the link count) must be linearizable, with the same search and treatment of unknown
+//!   operations as the registers ([`check_keyed`] is both).
 //! - Any [`Call::Torn`] result (a checkpoint whose checksum did not match) is an anomaly.
 //!
 //! Checkers never look at timing beyond the real-time order of events, so a slow machine
@@ -140,45 +143,132 @@ impl SequentialSpec for FileRegister {
     }
 }
 
-/// The register key, operation and (on a completion) result of a call, if it is one.
-fn register_call(c: &Call) -> Option<(&str, RegisterOp, Option<RegisterRet>)> {
-    Some(match c {
-        Call::Read { key, value } => (key, RegisterOp::Read, Some(RegisterRet::Value(*value))),
-        Call::Write { key, value } => (key, RegisterOp::Write(*value), Some(RegisterRet::Written)),
-        Call::Cas {
-            key,
-            value,
-            created,
-        } => (
-            key,
-            RegisterOp::Cas(*value),
-            created.map(RegisterRet::Created),
-        ),
-        Call::Delete { key, existed } => {
-            (key, RegisterOp::Delete, existed.map(RegisterRet::Deleted))
-        }
-        _ => return None,
-    })
+/// A call's key, operation and (on a completion) result, as a [`Keyed`] object sees it.
+pub type KeyedCall<'a, S> = (
+    &'a str,
+    <S as SequentialSpec>::Op,
+    Option<<S as SequentialSpec>::Ret>,
+);
+
+/// A sequential object the history's operations are checked against, one per key: which
+/// calls act on it and how answers the client may have guessed are weakened.
+pub trait Keyed: SequentialSpec + Clone + Default
+where
+    Self::Op: Clone + std::fmt::Debug,
+    Self::Ret: Clone + std::fmt::Debug,
+{
+    /// What the objects are, for the verdict ("registers").
+    const NAME: &'static str;
+
+    /// The key, operation and (on a completion) result of `c`, if it acts on such an object.
+    fn call(c: &Call) -> Option<KeyedCall<'_, Self>>;
+
+    /// How to check completed operation `done` when the client may have guessed its
+    /// answer ([`Leniency::guessed`]).
+    fn guessed(done: &Completed) -> Mode;
+
+    /// The blind form of `op`, checked as [`Mode::Blind`], and what it returns.
+    fn blind(op: &Self::Op) -> (Self::Op, Self::Ret);
+
+    /// One operation of `e`, for an anomaly report.
+    fn describe(e: &Event) -> String;
 }
 
-/// How the checker treats one register operation.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+/// How the checker treats one operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
     /// As recorded.
     AsIs,
     /// As unknown: left in flight.
     Unknown,
-    /// A delete as a blind remove.
-    Remove,
+    /// As its blind form (a delete that does not say whether it found anything).
+    Blind,
+}
+
+impl Keyed for FileRegister {
+    const NAME: &'static str = "registers";
+
+    fn call(c: &Call) -> Option<KeyedCall<'_, Self>> {
+        Some(match c {
+            Call::Read { key, value } => (key, RegisterOp::Read, Some(RegisterRet::Value(*value))),
+            Call::Write { key, value } => {
+                (key, RegisterOp::Write(*value), Some(RegisterRet::Written))
+            }
+            Call::Cas {
+                key,
+                value,
+                created,
+            } => (
+                key,
+                RegisterOp::Cas(*value),
+                created.map(RegisterRet::Created),
+            ),
+            Call::Delete { key, existed } => {
+                (key, RegisterOp::Delete, existed.map(RegisterRet::Deleted))
+            }
+            Call::Torn { key, .. } => (key, RegisterOp::Read, None),
+            _ => return None,
+        })
+    }
+
+    fn guessed(done: &Completed) -> Mode {
+        match (&done.result, done.kind) {
+            (_, EventType::Fail) if guessed_rename_failure(done) => Mode::Unknown,
+            (
+                Call::Cas {
+                    created: Some(false),
+                    ..
+                },
+                EventType::Ok,
+            ) => Mode::Unknown,
+            (
+                Call::Delete {
+                    existed: Some(true),
+                    ..
+                },
+                EventType::Ok,
+            ) => Mode::Blind,
+            _ => Mode::AsIs,
+        }
+    }
+
+    fn blind(_: &RegisterOp) -> (RegisterOp, RegisterRet) {
+        (RegisterOp::Remove, RegisterRet::Removed)
+    }
+
+    fn describe(e: &Event) -> String {
+        match &e.call {
+            Call::Read { value, .. } => match e.kind {
+                EventType::Ok => format!("read={value:?}"),
+                _ => "read".into(),
+            },
+            Call::Write { value, .. } => format!("write {value}"),
+            Call::Cas { value, created, .. } => format!("cas {value}->{created:?}"),
+            Call::Delete { existed, .. } => format!("delete->{existed:?}"),
+            _ => "torn".into(),
+        }
+    }
 }
 
 /// Checks that the register operations of `events`, per key, are linearizable.
 pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
+    check_keyed::<FileRegister>(events, lenient)
+}
+
+/// Checks that the operations of `events` on objects `S`, per key, are linearizable.
+pub fn check_keyed<S: Keyed>(events: &[Event], lenient: Leniency) -> Verdict
+where
+    S::Op: Clone + std::fmt::Debug,
+    S::Ret: Clone + std::fmt::Debug,
+{
     let ops = pair(events);
     let by_invoke: HashMap<u64, &Completed> = ops.iter().map(|c| (c.index, c)).collect();
-    let mut testers: BTreeMap<String, LinearizabilityTester<u64, FileRegister>> = BTreeMap::new();
+    let mut testers: BTreeMap<String, LinearizabilityTester<u64, S>> = BTreeMap::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut open: HashMap<u64, (String, Mode, u64)> = HashMap::new();
+    // Per process, its operation in flight: key, mode, tester thread, and the result of a
+    // blind one.
+    type Open<R> = (String, Mode, u64, Option<R>);
+    let mut open: HashMap<u64, Open<S::Ret>> = HashMap::new();
     // The tester's thread of each process. An operation the checker leaves in flight
     // (`Mode::Unknown`) although its process went on gets its thread retired: the process
     // continues on a fresh one, so no thread ever has two operations in flight.
@@ -198,30 +288,16 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
         }
         match e.kind {
             EventType::Invoke => {
-                let Some((key, op, _)) = register_call(&e.call) else {
+                let Some((key, op, _)) = S::call(&e.call) else {
                     continue;
                 };
                 let Some(done) = by_invoke.get(&e.index) else {
                     continue;
                 };
-                let g = lenient.guessed;
-                let mode = match (&done.result, done.kind) {
-                    (_, EventType::Fail) if g && guessed_rename_failure(done) => Mode::Unknown,
-                    (
-                        Call::Cas {
-                            created: Some(false),
-                            ..
-                        },
-                        EventType::Ok,
-                    ) if g => Mode::Unknown,
-                    (
-                        Call::Delete {
-                            existed: Some(true),
-                            ..
-                        },
-                        EventType::Ok,
-                    ) if g => Mode::Remove,
-                    _ => Mode::AsIs,
+                let mode = if lenient.guessed {
+                    S::guessed(done)
+                } else {
+                    Mode::AsIs
                 };
                 if (done.kind == EventType::Fail && mode == Mode::AsIs)
                     || matches!(done.result, Call::Torn { .. })
@@ -229,28 +305,29 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
                 {
                     continue;
                 }
-                let op = if mode == Mode::Remove {
-                    RegisterOp::Remove
+                let (op, blind_ret) = if mode == Mode::Blind {
+                    let (op, ret) = S::blind(&op);
+                    (op, Some(ret))
                 } else {
-                    op
+                    (op, None)
                 };
                 *counts.entry(key.to_string()).or_default() += 1;
                 match (done.kind, mode) {
-                    (EventType::Ok, Mode::AsIs | Mode::Remove) => n_ok += 1,
+                    (EventType::Ok, Mode::AsIs | Mode::Blind) => n_ok += 1,
                     _ => n_info += 1,
                 }
                 let t = testers
                     .entry(key.to_string())
-                    .or_insert_with(|| LinearizabilityTester::new(FileRegister::default()));
+                    .or_insert_with(|| LinearizabilityTester::new(S::default()));
                 let thread = threads.get(&e.process).copied().unwrap_or(e.process);
                 if let Err(err) = t.on_invoke(thread, op) {
                     anomalies.push(format!("{key}: malformed history: {err}"));
                     broken.insert(key.to_string());
                 }
-                open.insert(e.process, (key.to_string(), mode, thread));
+                open.insert(e.process, (key.to_string(), mode, thread, blind_ret));
             }
             EventType::Ok => {
-                let Some((key, mode, thread)) = open.remove(&e.process) else {
+                let Some((key, mode, thread, blind_ret)) = open.remove(&e.process) else {
                     continue;
                 };
                 if mode == Mode::Unknown {
@@ -260,10 +337,9 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
                 if broken.contains(&key) || mode == Mode::Unknown {
                     continue;
                 }
-                let ret = match (mode, register_call(&e.call)) {
-                    (Mode::Remove, _) => Some(RegisterRet::Removed),
-                    (_, Some((_, _, ret))) => ret,
-                    _ => None,
+                let ret = match blind_ret {
+                    Some(r) => Some(r),
+                    None => S::call(&e.call).and_then(|(_, _, ret)| ret),
                 };
                 let Some(ret) = ret else {
                     anomalies.push(format!(
@@ -281,7 +357,7 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
                 }
             }
             EventType::Fail | EventType::Info => {
-                if let Some((_, Mode::Unknown, _)) = open.remove(&e.process) {
+                if let Some((_, Mode::Unknown, _, _)) = open.remove(&e.process) {
                     threads.insert(e.process, next_thread);
                     next_thread += 1;
                 }
@@ -302,50 +378,38 @@ pub fn check_registers(events: &[Event], lenient: Leniency) -> Verdict {
         if !t.is_consistent() {
             anomalies.push(format!(
                 "{key}: not linearizable; operations: {}",
-                describe_key(events, key)
+                describe_key::<S>(events, key)
             ));
         }
     }
     Verdict::new(
         format!(
-            "linearizability of {} registers ({n_ok} ok and {n_info} unknown operations)",
-            testers.len()
+            "linearizability of {} {} ({n_ok} ok and {n_info} unknown operations)",
+            testers.len(),
+            S::NAME
         ),
         anomalies,
     )
 }
 
 /// A compact listing of the operations on `key`, for an anomaly report.
-fn describe_key(events: &[Event], key: &str) -> String {
+fn describe_key<S: Keyed>(events: &[Event], key: &str) -> String
+where
+    S::Op: Clone + std::fmt::Debug,
+    S::Ret: Clone + std::fmt::Debug,
+{
     let mut parts = Vec::new();
     for e in events {
-        let k = match &e.call {
-            Call::Read { key, .. }
-            | Call::Write { key, .. }
-            | Call::Cas { key, .. }
-            | Call::Delete { key, .. }
-            | Call::Torn { key, .. } => key,
-            _ => continue,
-        };
-        if k != key {
+        if S::call(&e.call).is_none_or(|(k, _, _)| k != key) {
             continue;
         }
-        let what = match &e.call {
-            Call::Read { value, .. } => match e.kind {
-                EventType::Ok => format!("read={value:?}"),
-                _ => "read".into(),
-            },
-            Call::Write { value, .. } => format!("write {value}"),
-            Call::Cas { value, created, .. } => format!("cas {value}->{created:?}"),
-            Call::Delete { existed, .. } => format!("delete->{existed:?}"),
-            _ => "torn".into(),
-        };
         parts.push(format!(
-            "#{} {:.3}s p{} {:?} {what}",
+            "#{} {:.3}s p{} {:?} {}",
             e.index,
             e.time_ns as f64 / 1e9,
             e.process,
-            e.kind
+            e.kind,
+            S::describe(e)
         ));
         if parts.len() >= 200 {
             parts.push("...".into());
@@ -353,6 +417,125 @@ fn describe_key(events: &[Event], key: &str) -> String {
         }
     }
     parts.join(" | ")
+}
+
+/// A file with hard links (the links workload): which of its link slots hold a name. Its
+/// first name is never removed, so its link count is one more than the slots held.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LinkedFile(pub u8);
+
+/// An operation on a [`LinkedFile`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LinkOp {
+    /// Make link `slot`, unless it exists.
+    Link(u8),
+    /// Remove link `slot`, if it exists.
+    Unlink(u8),
+    /// Remove link `slot`, not saying whether it existed (a lenient unlink).
+    Remove(u8),
+    /// Read the link count.
+    Stat,
+}
+
+/// The result of a [`LinkOp`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LinkRet {
+    /// Whether a link was made (false: the name existed).
+    Linked(bool),
+    /// Whether an unlink found the name.
+    Unlinked(bool),
+    /// A lenient unlink took effect.
+    Removed,
+    /// The link count read.
+    Nlink(u32),
+}
+
+impl SequentialSpec for LinkedFile {
+    type Op = LinkOp;
+    type Ret = LinkRet;
+
+    fn invoke(&mut self, op: &LinkOp) -> LinkRet {
+        let bit = |slot: &u8| 1u8.checked_shl(u32::from(*slot)).unwrap_or(0);
+        match op {
+            LinkOp::Link(slot) => {
+                let had = self.0 & bit(slot) != 0;
+                self.0 |= bit(slot);
+                LinkRet::Linked(!had)
+            }
+            LinkOp::Unlink(slot) => {
+                let had = self.0 & bit(slot) != 0;
+                self.0 &= !bit(slot);
+                LinkRet::Unlinked(had)
+            }
+            LinkOp::Remove(slot) => {
+                self.0 &= !bit(slot);
+                LinkRet::Removed
+            }
+            LinkOp::Stat => LinkRet::Nlink(1 + self.0.count_ones()),
+        }
+    }
+}
+
+impl Keyed for LinkedFile {
+    const NAME: &'static str = "linked files";
+
+    fn call(c: &Call) -> Option<KeyedCall<'_, Self>> {
+        Some(match c {
+            Call::Link { key, slot, created } => {
+                (key, LinkOp::Link(*slot), created.map(LinkRet::Linked))
+            }
+            Call::Unlink { key, slot, existed } => {
+                (key, LinkOp::Unlink(*slot), existed.map(LinkRet::Unlinked))
+            }
+            Call::Nlink { key, nlink } => (key, LinkOp::Stat, nlink.map(LinkRet::Nlink)),
+            _ => return None,
+        })
+    }
+
+    fn guessed(done: &Completed) -> Mode {
+        match (&done.result, done.kind) {
+            (
+                Call::Link {
+                    created: Some(false),
+                    ..
+                },
+                EventType::Ok,
+            ) => Mode::Unknown,
+            (
+                Call::Unlink {
+                    existed: Some(true),
+                    ..
+                },
+                EventType::Ok,
+            ) => Mode::Blind,
+            _ => Mode::AsIs,
+        }
+    }
+
+    fn blind(op: &LinkOp) -> (LinkOp, LinkRet) {
+        match op {
+            LinkOp::Unlink(slot) | LinkOp::Remove(slot) => {
+                (LinkOp::Remove(*slot), LinkRet::Removed)
+            }
+            other => (other.clone(), LinkRet::Removed),
+        }
+    }
+
+    fn describe(e: &Event) -> String {
+        match (&e.call, e.kind) {
+            (Call::Link { slot, created, .. }, _) => format!("link {slot}->{created:?}"),
+            (Call::Unlink { slot, existed, .. }, _) => format!("unlink {slot}->{existed:?}"),
+            (Call::Nlink { nlink, .. }, EventType::Ok) => format!("nlink={nlink:?}"),
+            _ => "nlink".into(),
+        }
+    }
+}
+
+/// Checks that the operations on each linked file (links workload) are linearizable: every
+/// link count read is one plus the links held at some point within the read, whatever
+/// partitions the links' directories are on.
+pub fn check_links(events: &[Event], lenient: Leniency) -> Verdict {
+    check_keyed::<LinkedFile>(events, lenient)
 }
 
 /// Checks the set workload: the last successful listing holds every acknowledged create,

@@ -94,6 +94,31 @@ pub enum Call {
         /// On `ok`: the names in directory `b`.
         b: Option<Vec<String>>,
     },
+    /// Add hard link `slot` of file `key`, in a strict directory on another partition.
+    Link {
+        /// The file's name in the links workload's home directory.
+        key: String,
+        /// Which of the file's link names (see `workload::links`).
+        slot: u8,
+        /// On `ok`: whether it was made (false: the name existed, EEXIST).
+        created: Option<bool>,
+    },
+    /// Remove hard link `slot` of file `key`.
+    Unlink {
+        /// The file's name in the links workload's home directory.
+        key: String,
+        /// Which of the file's link names.
+        slot: u8,
+        /// On `ok`: whether it existed (false: ENOENT).
+        existed: Option<bool>,
+    },
+    /// Read file `key`'s link count (a strict getattr).
+    Nlink {
+        /// The file's name in the links workload's home directory.
+        key: String,
+        /// On `ok`: the count read.
+        nlink: Option<u32>,
+    },
     /// A read of a checkpoint whose bytes did not verify: a torn or mixed file.
     Torn {
         /// The checkpoint's file name.

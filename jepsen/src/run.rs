@@ -14,8 +14,8 @@ use crate::history::{fault_windows, pair, Call, Event, EventType, Recorder};
 use crate::nemesis::{Nemesis, NemesisKind, ScheduleMode, Timing};
 use crate::net::{Firewall, NetError, NetNs};
 use crate::workload::{
-    checkpoint::Checkpoint, register::Register, rename::Rename, set::Set, Ctx, Worker,
-    WorkloadError, WorkloadKind,
+    checkpoint::Checkpoint, links::Links, register::Register, rename::Rename, set::Set, Ctx,
+    Worker, WorkloadError, WorkloadKind,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -164,6 +164,7 @@ enum Load {
     Set(Set),
     Rename(Rename),
     Checkpoint(Checkpoint),
+    Links(Links),
 }
 
 impl Load {
@@ -173,6 +174,7 @@ impl Load {
             Load::Set(l) => l.work(ctx, w).await,
             Load::Rename(l) => l.work(ctx, w).await,
             Load::Checkpoint(l) => l.work(ctx, w).await,
+            Load::Links(l) => l.work(ctx, w).await,
         }
     }
 }
@@ -282,6 +284,9 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         WorkloadKind::Rename => {
             Load::Rename(Rename::setup(&ctx, cfg.rename_files).await.map_err(keep)?)
         }
+        WorkloadKind::Links => {
+            Load::Links(Links::setup(&ctx, cfg.ops_per_key).await.map_err(keep)?)
+        }
         WorkloadKind::Checkpoint => Load::Checkpoint(
             Checkpoint::setup(&ctx, cfg.ops_per_key, cfg.checkpoint_bytes)
                 .await
@@ -293,6 +298,7 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
         Load::Set(l) => l.partitions(&ctx),
         Load::Rename(l) => l.partitions(),
         Load::Checkpoint(l) => l.partitions(),
+        Load::Links(l) => l.partitions(),
     };
 
     let started = Instant::now();
@@ -429,6 +435,9 @@ fn op_name(c: &Call) -> &'static str {
         Call::ReadSet { .. } => "read-set",
         Call::Move { .. } => "move",
         Call::List { .. } => "list",
+        Call::Link { .. } => "link",
+        Call::Unlink { .. } => "unlink",
+        Call::Nlink { .. } => "nlink",
         Call::Torn { .. } => "torn",
         Call::Fault { .. } => "fault",
     }

@@ -1,8 +1,9 @@
 //! The checkers say "no" to known-bad histories (a stale read, a lost acknowledged write, a
-//! file duplicated by a rename, a torn checkpoint) and "yes" to good ones, including
+//! file duplicated by a rename, a torn checkpoint, a link count that misses a link) and
+//! "yes" to good ones, including
 //! histories whose unknown-outcome operations only make sense if they took effect late.
 
-use talon_jepsen::checker::{check_registers, check_renames, check_set, Leniency};
+use talon_jepsen::checker::{check_links, check_registers, check_renames, check_set, Leniency};
 
 const STRICT: Leniency = Leniency { guessed: false };
 const LENIENT: Leniency = Leniency { guessed: true };
@@ -356,4 +357,87 @@ fn lenient_checks_count_guessed_answers_as_unknown() {
         .op(0, w(2), w(2))
         .op(1, r(None), r(Some(1)));
     assert!(!check_registers(&h.0, LENIENT).valid);
+}
+
+fn link(slot: u8, created: Option<bool>) -> Call {
+    Call::Link {
+        key: "f".into(),
+        slot,
+        created,
+    }
+}
+fn unlink(slot: u8, existed: Option<bool>) -> Call {
+    Call::Unlink {
+        key: "f".into(),
+        slot,
+        existed,
+    }
+}
+fn nlink(n: Option<u32>) -> Call {
+    Call::Nlink {
+        key: "f".into(),
+        nlink: n,
+    }
+}
+
+#[test]
+fn links_accept_counts_that_follow_the_links() {
+    let mut h = H::default();
+    h.op(0, nlink(None), nlink(Some(1)))
+        .op(1, link(0, None), link(0, Some(true)))
+        .op(2, link(3, None), link(3, Some(true)))
+        .op(0, nlink(None), nlink(Some(3)))
+        .op(1, link(0, None), link(0, Some(false)))
+        .op(2, unlink(0, None), unlink(0, Some(true)))
+        .op(1, unlink(0, None), unlink(0, Some(false)))
+        .op(0, nlink(None), nlink(Some(2)));
+    let v = check_links(&h.0, STRICT);
+    assert!(v.valid, "{v:?}");
+}
+
+/// A count read after an acknowledged link that does not include it: the link's entry
+/// committed on its directory's partition and the count on the inode's did not (or not
+/// yet, for a strict read).
+#[test]
+fn links_reject_a_count_that_misses_an_acknowledged_link() {
+    let mut h = H::default();
+    h.op(1, link(2, None), link(2, Some(true)))
+        .op(0, nlink(None), nlink(Some(1)));
+    let v = check_links(&h.0, STRICT);
+    assert!(!v.valid, "{v:?}");
+    assert!(v.anomalies[0].contains("not linearizable"), "{v:?}");
+}
+
+/// A count that went up although the only link made failed for certain, and an unlink
+/// that found a name no link ever made.
+#[test]
+fn links_reject_a_failed_link_that_counted_and_an_entry_from_nowhere() {
+    let mut h = H::default();
+    h.invoke(1, link(4, None))
+        .fail(1, link(4, None))
+        .op(0, nlink(None), nlink(Some(2)));
+    assert!(!check_links(&h.0, STRICT).valid);
+    let mut h = H::default();
+    h.op(1, unlink(5, None), unlink(5, Some(true)));
+    assert!(!check_links(&h.0, STRICT).valid);
+}
+
+/// A link whose answer was lost may take effect late or never; a lenient check also lets
+/// an EEXIST the client may have guessed mean "made by the first copy".
+#[test]
+fn links_let_an_unknown_link_take_effect_late_or_never() {
+    let mut h = H::default();
+    h.invoke(1, link(1, None))
+        .info(1, link(1, None))
+        .op(0, nlink(None), nlink(Some(1)))
+        .op(0, nlink(None), nlink(Some(2)))
+        .op(2, unlink(1, None), unlink(1, Some(true)))
+        .op(0, nlink(None), nlink(Some(1)));
+    let v = check_links(&h.0, STRICT);
+    assert!(v.valid, "{v:?}");
+    let mut h = H::default();
+    h.op(1, link(1, None), link(1, Some(false)))
+        .op(0, nlink(None), nlink(Some(2)));
+    assert!(!check_links(&h.0, STRICT).valid);
+    assert!(check_links(&h.0, LENIENT).valid);
 }

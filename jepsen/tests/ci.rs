@@ -144,6 +144,15 @@ fn checkpoint_under_every_fault() {
     run(&a);
 }
 
+/// A file's link count, on its inode's partition, moves with the link names on three other
+/// partitions: every count read is one plus the links held at some moment within it.
+#[test]
+fn links_under_every_fault() {
+    let mut a = vec!["--workload", "links"];
+    a.extend_from_slice(EACH);
+    run(&a);
+}
+
 #[test]
 fn register_with_five_replicas_under_combined_faults() {
     run(&[

@@ -8,6 +8,7 @@
 //! hide anomalies, never invent them.
 
 pub mod checkpoint;
+pub mod links;
 pub mod register;
 pub mod rename;
 pub mod set;
@@ -33,16 +34,20 @@ pub enum WorkloadKind {
     Rename,
     /// Multi-MiB checkpoints written under a temporary name and renamed into place.
     Checkpoint,
+    /// Hard links of files made and removed in strict directories on other partitions;
+    /// the link count read must match.
+    Links,
 }
 
 impl WorkloadKind {
     /// Every workload.
-    pub const ALL: [WorkloadKind; 5] = [
+    pub const ALL: [WorkloadKind; 6] = [
         WorkloadKind::Register,
         WorkloadKind::Set,
         WorkloadKind::SetFuse,
         WorkloadKind::Rename,
         WorkloadKind::Checkpoint,
+        WorkloadKind::Links,
     ];
 
     /// The name used on the command line.
@@ -53,6 +58,7 @@ impl WorkloadKind {
             WorkloadKind::SetFuse => "set-fuse",
             WorkloadKind::Rename => "rename",
             WorkloadKind::Checkpoint => "checkpoint",
+            WorkloadKind::Links => "links",
         }
     }
 
@@ -65,6 +71,7 @@ impl WorkloadKind {
             }
             WorkloadKind::Set | WorkloadKind::SetFuse => crate::checker::check_set(events),
             WorkloadKind::Rename => crate::checker::check_renames(events, l),
+            WorkloadKind::Links => crate::checker::check_links(events, l),
         }
     }
 }
@@ -215,6 +222,21 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Creates directory `path` and its parents (retrying for up to a minute); its inode.
+pub async fn mkdir(ctx: &Ctx, path: &str) -> Result<talon_client::Ino, WorkloadError> {
+    let attr = retry(&format!("create {path}"), 60, || {
+        ctx.client.mkdir(
+            path,
+            talon_client::MkdirOptions {
+                parents: true,
+                ..talon_client::MkdirOptions::default()
+            },
+        )
+    })
+    .await?;
+    Ok(attr.ino)
 }
 
 /// Lists directory `path` completely, from the partition leaders.

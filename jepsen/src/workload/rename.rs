@@ -7,11 +7,11 @@
 //! healed and in-doubt transactions have had time to resolve, a final listing must show
 //! every file exactly once (`checker::check_renames`).
 
-use super::{classify, list, retry, Ctx, Outcome, Worker, WorkloadError};
+use super::{classify, list, mkdir, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::{Call, EventType};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
-use talon_client::{Class, CreateSpec, Errno, Ino, MkdirOptions, RenameFlags};
+use talon_client::{Class, CreateSpec, Errno, Ino, RenameFlags};
 
 /// Parent of the two directories (strict by the cluster's default prefixes).
 pub const ROOT: &str = "/control/rename";
@@ -22,20 +22,6 @@ pub struct Rename {
     b: String,
     files: u64,
     partitions: Vec<u32>,
-}
-
-async fn mkdir(ctx: &Ctx, path: &str) -> Result<Ino, WorkloadError> {
-    let attr = retry(&format!("create {path}"), 60, || {
-        ctx.client.mkdir(
-            path,
-            MkdirOptions {
-                parents: true,
-                ..MkdirOptions::default()
-            },
-        )
-    })
-    .await?;
-    Ok(attr.ino)
 }
 
 impl Rename {
