@@ -322,21 +322,34 @@ impl<'a> Namespace<'a> {
         ino: Ino,
     ) -> Result<Attr, TalonError> {
         debug_assert_eq!(ino.home(), part.id, "an inode is read at its home");
-        let (cur_epoch, rec) = self
+        let (cur_epoch, rec, locked) = self
             .read_at_class(
                 part,
                 relaxed,
                 0,
                 || {
                     part.store
-                        .read(|v| Ok((v.epoch()?, v.inode(ino)?)))
+                        .read(|v| {
+                            let locked = v.locked(&crate::keys::inode(ino))?.is_some();
+                            Ok((v.epoch()?, v.inode(ino)?, locked))
+                        })
                         .map_err(storage_error)
                 },
-                |(_, rec)| rec.as_ref().map(|r| r.attr.class),
+                |(_, rec, _)| rec.as_ref().map(|r| r.attr.class),
             )
             .await?;
         if epoch != 0 {
             check_epoch(epoch, cur_epoch)?;
+        }
+        // A strict inode a prepared transaction holds (a link or unlink across partitions,
+        // say) may already have changed on the transaction's other partitions: its old
+        // attributes beside their new entries would be half the transaction. The reader
+        // waits for it to finish here, as a lookup of a locked entry does. A relaxed file's
+        // attributes may be that old anyway.
+        if locked && rec.as_ref().is_some_and(|r| r.attr.class == Class::Strict) {
+            return Err(TalonError::Retry(
+                "inode is being changed by a transaction".into(),
+            ));
         }
         self.found_attr(rec, ino)
     }
@@ -367,10 +380,18 @@ impl<'a> Namespace<'a> {
                             .transpose()?
                     };
                     let key = crate::keys::dentry(parent, name);
-                    let locked = v.get(&crate::keys::lock(&key))?.is_some();
+                    let mut locked = v.get(&crate::keys::lock(&key))?.is_some();
                     let dentry = v.dentry(parent, name)?;
                     let inode = match &dentry {
-                        Some(d) if d.ino.home() == p => Some(v.inode(d.ino)?),
+                        Some(d) if d.ino.home() == p => {
+                            let rec = v.inode(d.ino)?;
+                            // As `guarded_attr`: a strict inode's attributes wait for a
+                            // transaction that holds it.
+                            if rec.as_ref().is_some_and(|r| r.attr.class == Class::Strict) {
+                                locked |= v.locked(&crate::keys::inode(d.ino))?.is_some();
+                            }
+                            Some(rec)
+                        }
                         _ => None,
                     };
                     Ok((cur_epoch, known_class, locked, dentry, inode))
@@ -659,16 +680,26 @@ impl<'a> Namespace<'a> {
         if let Some(rec) = self.applied(part, request)? {
             return self.removed(rec).await;
         }
-        let d = part
+        let (d, locked) = part
             .store
-            .read(|v| v.dentry(parent, name))
-            .map_err(storage_error)?
-            .ok_or_else(|| {
-                posix(
-                    Errno::ENOENT,
-                    format!("no entry {:?}", String::from_utf8_lossy(name)),
-                )
-            })?;
+            .read(|v| {
+                let locked = v.locked(&crate::keys::dentry(parent, name))?.is_some();
+                Ok((v.dentry(parent, name)?, locked))
+            })
+            .map_err(storage_error)?;
+        // An entry a prepared transaction holds may be on its way in (a link or rename
+        // whose other half is applied already): not there yet is no answer.
+        if d.is_none() && locked {
+            return Err(TalonError::Retry(
+                "entry is being changed by a transaction".into(),
+            ));
+        }
+        let d = d.ok_or_else(|| {
+            posix(
+                Errno::ENOENT,
+                format!("no entry {:?}", String::from_utf8_lossy(name)),
+            )
+        })?;
         let now = crate::clock::now();
         let p = part.id;
         let mut parts: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
