@@ -40,6 +40,12 @@ pub struct StorageConfig {
     /// (blobs) of every partition, least recently used out first. 0: RocksDB's default
     /// block cache per store and no cache of bodies.
     pub cache_bytes: u64,
+    /// How often the process hands memory its allocator holds free back to the kernel, in
+    /// ms (glibc only; 0: never). See `crate::malloc`.
+    pub trim_every_ms: u64,
+    /// Most arenas the process's allocator keeps (glibc only; 0: its own default of eight
+    /// per core). Set as the node opens.
+    pub malloc_arenas: u32,
 }
 
 impl Default for StorageConfig {
@@ -47,6 +53,8 @@ impl Default for StorageConfig {
         StorageConfig {
             write_buffer_bytes: 64 << 20,
             cache_bytes: 256 << 20,
+            trim_every_ms: 10_000,
+            malloc_arenas: 2,
         }
     }
 }

@@ -6,33 +6,32 @@
 //! heap. A node's compactions and its filling block cache free memory in the middle of
 //! them, and it stayed resident: one node holding 600,000 files of 1 KiB, with its cache
 //! full, was 65 MiB smaller after a `malloc_trim` than before, its cache and memtables
-//! unchanged. [`trim_loop`] gives those pages back every few seconds; [`tune`] caps the
-//! arenas (by default eight per core, one per contending thread) at two. Owns nothing
-//! else. Builds on another C library leave its allocator alone.
+//! unchanged. [`trim_loop`] gives those pages back every few seconds (10 by default);
+//! [`tune`] caps the arenas (glibc's default is eight per core, one per contending thread;
+//! two by default here). Both are `[storage]` settings. Owns nothing else. Builds on
+//! another C library leave its allocator alone.
 
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Arenas the allocator may create.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const ARENAS: libc::c_int = 2;
-
-/// How often freed memory goes back to the kernel.
-const TRIM_EVERY: Duration = Duration::from_secs(10);
-
-/// Caps the allocator's arenas; the threads that already have one keep it. Called as a
-/// node opens; a second call changes nothing.
-pub fn tune() {
+/// Caps the allocator's arenas at `arenas` (0: leaves its default); the threads that
+/// already have one keep it. Called as a node opens (`[storage] malloc_arenas`).
+pub fn tune(arenas: u32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[expect(
-        unsafe_code,
-        reason = "glibc's mallopt, a call with no caller-side invariants"
-    )]
-    // SAFETY: mallopt sets one of the allocator's parameters under its own lock; a value it
-    // does not accept is refused (it returns 0), and nothing else depends on the result.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
+    if let Ok(arenas @ 1..) = libc::c_int::try_from(arenas) {
+        #[expect(
+            unsafe_code,
+            reason = "glibc's mallopt, a call with no caller-side invariants"
+        )]
+        // SAFETY: mallopt sets one of the allocator's parameters under its own lock; a
+        // value it does not accept is refused (it returns 0), and nothing else depends on
+        // the result.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = arenas;
 }
 
 /// Gives the pages the allocator holds free back to the kernel; true if any went back.
@@ -55,10 +54,13 @@ pub fn trim() -> bool {
     false
 }
 
-/// Trims every [`TRIM_EVERY`] until `cancel`, on a blocking thread: a trim walks every
-/// arena and takes milliseconds on a heap of hundreds of MiB.
-pub async fn trim_loop(cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(TRIM_EVERY);
+/// Trims every `every` (`[storage] trim_every_ms`) until `cancel`, on a blocking thread: a
+/// trim walks every arena and takes milliseconds on a heap of hundreds of MiB.
+pub async fn trim_loop(every: Duration, cancel: CancellationToken) {
+    if every.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -90,7 +92,7 @@ mod tests {
                 .expect("RssAnon")
                 * 1024
         };
-        tune();
+        tune(2);
         // 64 MiB in 4 KiB blocks, written so that their pages are resident, then a block
         // above them all so that what is freed below is not the heap's top (which glibc
         // gives back by itself); then every block but one in 16 freed: runs of 60 KiB, whole

@@ -17,11 +17,12 @@ use tokio::net::TcpListener;
 /// Opens `config`'s node with every background loop running, not yet serving: a caller in
 /// the same process reaches it through `service::namespace` (as `talon up`'s mount does).
 pub async fn open(config: Config) -> Result<Arc<Node>, StartError> {
-    crate::malloc::tune();
+    crate::malloc::tune(config.storage.malloc_arenas);
+    let trim_every = std::time::Duration::from_millis(config.storage.trim_every_ms);
     let node = Node::open(config).await?;
     node.spawn(crate::txn::recovery_loop);
     node.spawn(crate::data::gc_loop);
-    node.spawn(|_, cancel| crate::malloc::trim_loop(cancel));
+    node.spawn(move |_, cancel| crate::malloc::trim_loop(trim_every, cancel));
     Ok(node)
 }
 
