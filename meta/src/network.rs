@@ -31,11 +31,23 @@ use tonic::transport::{Channel, Endpoint};
 /// Largest gRPC message between nodes (snapshot chunks, large appends).
 pub const MAX_PEER_MESSAGE: usize = 160 << 20;
 
+/// Snapshot chunks a node sends at once, over all its partitions and peers.
+///
+/// openraft streams a snapshot to each follower of each group on its own, so a restarted
+/// node that needs one from every partition drew a chunk (3 MiB, then its encoding and its
+/// HTTP/2 frames) from each of its leaders at once: 8 leaders on one node rose 90-130 MiB
+/// within seconds. Two at a time keep a sending node within a few chunks; the chunks of
+/// one snapshot still go one after the other, and a follower's quiet period
+/// (`crate::partition`) outlasts the wait for a turn.
+const SNAPSHOT_CHUNKS_IN_FLIGHT: usize = 2;
+
 /// Channels to the other nodes of the cluster, created lazily and kept for the node's life.
 #[derive(Debug)]
 pub struct Peers {
     addrs: HashMap<NodeId, String>,
     channels: Mutex<HashMap<NodeId, Channel>>,
+    /// Turns to send a snapshot chunk ([`SNAPSHOT_CHUNKS_IN_FLIGHT`]).
+    snapshot_chunks: tokio::sync::Semaphore,
 }
 
 /// A transport-level failure talking to a peer.
@@ -67,6 +79,7 @@ impl Peers {
         Arc::new(Peers {
             addrs,
             channels: Mutex::new(HashMap::new()),
+            snapshot_chunks: tokio::sync::Semaphore::new(SNAPSHOT_CHUNKS_IN_FLIGHT),
         })
     }
 
@@ -120,6 +133,20 @@ impl Peers {
         req: &Req,
         timeout: Duration,
     ) -> Result<Result<Resp, Vec<u8>>, PeerError> {
+        let started = std::time::Instant::now();
+        // A snapshot chunk waits for its turn (within its own deadline) before it is
+        // encoded: the encoding and the frames are what the turns bound.
+        let _turn = match kind {
+            PeerRpc::Snapshot => {
+                match tokio::time::timeout(timeout, self.snapshot_chunks.acquire()).await {
+                    Ok(Ok(permit)) => Some(permit),
+                    // The semaphore is never closed.
+                    Ok(Err(_)) | Err(_) => return Err(PeerError::TimedOut(id, timeout)),
+                }
+            }
+            _ => None,
+        };
+        let timeout = timeout.saturating_sub(started.elapsed());
         let payload =
             crate::format::encode(req).map_err(|e| PeerError::Decode(id, e.to_string()))?;
         let mut client = self.client(id)?;
