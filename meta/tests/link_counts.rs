@@ -11,7 +11,7 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use talon_client::{Client, ClientOptions, CreateSpec};
+use talon_client::CreateSpec;
 use talon_meta::types::{Command, CommandResult, Expect, Op, Target, TxId};
 use talon_model::placement::entry_partition;
 use talon_model::{Class, FileKind, Ino, Time};
@@ -23,33 +23,11 @@ const RECOVERY_AFTER: Duration = Duration::from_secs(5);
 const READER_BOUND: Duration = Duration::from_secs(60);
 const PARTITIONS: u32 = 8;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Prepares a link of `ino` as `name` in `dir` on both partitions, records the commit, and
 /// applies it on the entry's partition (`entry_first`) or at the inode's home only.
 async fn half_applied_link(entry_first: bool) {
-    let cluster = common::TestCluster::builder()
-        .nodes(3)
-        .partitions(PARTITIONS)
-        .replication(3)
-        .txn_recovery_after_ms(RECOVERY_AFTER.as_millis() as u64)
-        .start()
-        .await
-        .expect("cluster");
-    let c = Client::connect(
-        &cluster.addrs(),
-        ClientOptions {
-            op_timeout: READER_BOUND * 2,
-            ..ClientOptions::default()
-        },
-    )
-    .await
-    .expect("connect client");
+    let (cluster, c) =
+        common::recovering_cluster(PARTITIONS, RECOVERY_AFTER, READER_BOUND * 2).await;
     // Strict directories (under /control): each one's entries on one partition.
     c.mkdir("/control", Default::default())
         .await
@@ -87,7 +65,6 @@ async fn half_applied_link(entry_first: bool) {
         coordinator: pl,
         id: 77,
     };
-    let at_ms = now_ms();
     let entry = vec![
         Op::ExpectDentry {
             parent: dir,
@@ -108,16 +85,7 @@ async fn half_applied_link(entry_first: bool) {
         touch_mtime: false,
         now: Time::now(),
     }];
-    for (p, ops) in [(pl, entry), (ph, count)] {
-        let r = node
-            .propose_on(p, Command::Prepare { txid, ops, at_ms })
-            .await
-            .expect("prepare");
-        assert!(
-            matches!(r, CommandResult::Prepared { .. }),
-            "prepare on {p}: {r:?}"
-        );
-    }
+    common::prepare(node, txid, vec![(pl, entry), (ph, count)]).await;
     let r = node
         .propose_on(pl, Command::Decide { txid, commit: true })
         .await

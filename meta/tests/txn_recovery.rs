@@ -6,7 +6,7 @@
 mod common;
 
 use std::time::{Duration, Instant};
-use talon_client::{Client, ClientOptions, CreateSpec};
+use talon_client::CreateSpec;
 use talon_meta::types::{Command, CommandResult, Expect, Op, Target, TxId};
 use talon_model::placement::entry_partition;
 use talon_model::{Class, FileKind, Ino};
@@ -16,13 +16,6 @@ const RECOVERY_AFTER: Duration = Duration::from_secs(10);
 /// Bound on how long a reader of a locked entry waits: recovery's delay plus slack for a
 /// loaded machine. A liveness bound, not a timing claim.
 const READER_BOUND: Duration = Duration::from_secs(60);
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Names in /a and /b whose entries live on different partitions.
 fn split_names(a: Ino, b: Ino) -> (Vec<u8>, Vec<u8>) {
@@ -38,25 +31,9 @@ fn split_names(a: Ino, b: Ino) -> (Vec<u8>, Vec<u8>) {
 async fn orphaned_rename(commit_decided: bool) {
     // Recovery waits well past how long preparing and deciding can take on a loaded machine,
     // so it never aborts the transaction before this test has decided it.
-    let cluster = common::TestCluster::builder()
-        .nodes(3)
-        .partitions(8)
-        .replication(3)
-        .txn_recovery_after_ms(RECOVERY_AFTER.as_millis() as u64)
-        .start()
-        .await
-        .expect("cluster");
     // The reader below waits for recovery; its deadline must outlast READER_BOUND, so a
     // slow recovery fails the bound below rather than the lookup.
-    let c = Client::connect(
-        &cluster.addrs(),
-        ClientOptions {
-            op_timeout: READER_BOUND * 2,
-            ..ClientOptions::default()
-        },
-    )
-    .await
-    .expect("connect client");
+    let (cluster, c) = common::recovering_cluster(8, RECOVERY_AFTER, READER_BOUND * 2).await;
     let a = c.mkdir("/a", Default::default()).await.expect("mkdir").ino;
     let b = c.mkdir("/b", Default::default()).await.expect("mkdir").ino;
     let (x, y) = split_names(a, b);
@@ -76,7 +53,6 @@ async fn orphaned_rename(commit_decided: bool) {
         coordinator: pa,
         id: 42,
     };
-    let at_ms = now_ms();
     let src = vec![
         Op::ExpectDentry {
             parent: a,
@@ -101,16 +77,7 @@ async fn orphaned_rename(commit_decided: bool) {
             kind: FileKind::Regular,
         },
     ];
-    for (p, ops) in [(pa, src), (pb, dst)] {
-        let r = node
-            .propose_on(p, Command::Prepare { txid, ops, at_ms })
-            .await
-            .expect("prepare");
-        assert!(
-            matches!(r, CommandResult::Prepared { .. }),
-            "prepare on {p}: {r:?}"
-        );
-    }
+    common::prepare(node, txid, vec![(pa, src), (pb, dst)]).await;
     if commit_decided {
         let r = node
             .propose_on(pa, Command::Decide { txid, commit: true })

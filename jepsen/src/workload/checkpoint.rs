@@ -12,7 +12,7 @@
 
 use super::{classify, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
-use talon_client::{Class, Errno, MkdirOptions};
+use talon_client::{Errno, MkdirOptions};
 
 /// The directory of the checkpoints (strict by the cluster's default prefixes).
 pub const DIR: &str = "/checkpoints/run";
@@ -95,11 +95,10 @@ impl Checkpoint {
             )
         })
         .await?;
-        let p = ctx.client.cluster_map().partitions;
         Ok(Checkpoint {
             ops_per_key: ops_per_key.max(1),
             size,
-            partition: talon_model::placement::entry_partition(attr.ino, b"", Class::Strict, p),
+            partition: super::strict_entries(ctx, attr.ino),
         })
     }
 

@@ -18,7 +18,7 @@ use super::{classify, mkdir, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
-use talon_client::{Class, Errno, Ino};
+use talon_client::{Errno, Ino};
 
 /// Parent of the home and link directories (strict by the cluster's default prefixes).
 pub const ROOT: &str = "/control/links";
@@ -42,8 +42,7 @@ impl Links {
     /// Creates the home directory and three link directories, each on a partition of its
     /// own where the cluster has enough.
     pub async fn setup(ctx: &Ctx, ops_per_key: u64) -> Result<Links, WorkloadError> {
-        let p = ctx.client.cluster_map().partitions;
-        let part = |ino: Ino| talon_model::placement::entry_partition(ino, b"", Class::Strict, p);
+        let part = |ino: Ino| super::strict_entries(ctx, ino);
         let home = format!("{ROOT}/home");
         let mut partitions = vec![part(mkdir(ctx, &home).await?)];
         let mut dirs = Vec::new();

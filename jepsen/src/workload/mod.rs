@@ -224,6 +224,13 @@ where
     }
 }
 
+/// The partition holding the entries of strict directory `dir` (all of them: a strict
+/// directory's entries live at one partition).
+pub fn strict_entries(ctx: &Ctx, dir: talon_client::Ino) -> u32 {
+    let p = ctx.client.cluster_map().partitions;
+    talon_model::placement::entry_partition(dir, b"", talon_client::Class::Strict, p)
+}
+
 /// Creates directory `path` and its parents (retrying for up to a minute); its inode.
 pub async fn mkdir(ctx: &Ctx, path: &str) -> Result<talon_client::Ino, WorkloadError> {
     let attr = retry(&format!("create {path}"), 60, || {

@@ -13,7 +13,7 @@
 use super::{classify, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
 use rand::{Rng, SeedableRng};
-use talon_client::{Class, Errno, MkdirOptions, RenameFlags};
+use talon_client::{Errno, MkdirOptions, RenameFlags};
 
 /// The directory the registers live in (strict by the cluster's default prefixes).
 pub const DIR: &str = "/control/registers";
@@ -37,10 +37,9 @@ impl Register {
             )
         })
         .await?;
-        let p = ctx.client.cluster_map().partitions;
         Ok(Register {
             ops_per_key: ops_per_key.max(1),
-            partition: talon_model::placement::entry_partition(attr.ino, b"", Class::Strict, p),
+            partition: super::strict_entries(ctx, attr.ino),
         })
     }
 

@@ -11,7 +11,7 @@ use super::{classify, list, mkdir, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::{Call, EventType};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
-use talon_client::{Class, CreateSpec, Errno, Ino, RenameFlags};
+use talon_client::{CreateSpec, Errno, Ino, RenameFlags};
 
 /// Parent of the two directories (strict by the cluster's default prefixes).
 pub const ROOT: &str = "/control/rename";
@@ -27,8 +27,7 @@ pub struct Rename {
 impl Rename {
     /// Creates the directories (on two partitions) and the files.
     pub async fn setup(ctx: &Ctx, files: u64) -> Result<Rename, WorkloadError> {
-        let p = ctx.client.cluster_map().partitions;
-        let part = |ino: Ino| talon_model::placement::entry_partition(ino, b"", Class::Strict, p);
+        let part = |ino: Ino| super::strict_entries(ctx, ino);
         let a = format!("{ROOT}/a");
         let pa = part(mkdir(ctx, &a).await?);
         // The second directory's partition depends on its inode: try names until it differs
@@ -36,7 +35,7 @@ impl Rename {
         let mut b = format!("{ROOT}/b0");
         let mut pb = part(mkdir(ctx, &b).await?);
         for i in 1..32 {
-            if pb != pa || p == 1 {
+            if pb != pa || ctx.client.cluster_map().partitions == 1 {
                 break;
             }
             b = format!("{ROOT}/b{i}");

@@ -36,6 +36,59 @@ pub async fn cluster(nodes: u64, partitions: u32) -> (TestCluster, Client) {
     (cluster, c)
 }
 
+/// A 3-node cluster (R = 3) of `partitions` partitions whose stale-transaction recovery
+/// resolves prepared intents after `recovery_after`, for tests that leave a transaction
+/// to it, and a client whose operations may wait `op_timeout` (a reader of a locked entry
+/// waits for that recovery).
+pub async fn recovering_cluster(
+    partitions: u32,
+    recovery_after: Duration,
+    op_timeout: Duration,
+) -> (TestCluster, Client) {
+    let cluster = TestCluster::builder()
+        .nodes(3)
+        .partitions(partitions)
+        .replication(3)
+        .txn_recovery_after_ms(recovery_after.as_millis() as u64)
+        .start()
+        .await
+        .expect("cluster");
+    let c = Client::connect(
+        &cluster.addrs(),
+        ClientOptions {
+            op_timeout,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .expect("connect client");
+    (cluster, c)
+}
+
+/// Prepares transaction `txid` as a coordinator would, through `node`: each partition's
+/// share of `shares`, stamped with the wall clock now; asserts every share prepared.
+pub async fn prepare(
+    node: &talon_meta::node::Node,
+    txid: talon_meta::types::TxId,
+    shares: Vec<(u32, Vec<talon_meta::types::Op>)>,
+) {
+    use talon_meta::types::{Command, CommandResult};
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    for (p, ops) in shares {
+        let r = node
+            .propose_on(p, Command::Prepare { txid, ops, at_ms })
+            .await
+            .expect("prepare");
+        assert!(
+            matches!(r, CommandResult::Prepared { .. }),
+            "prepare on {p}: {r:?}"
+        );
+    }
+}
+
 /// A loopback address of this cluster's own, `127.a.b.1` with `a.b` drawn at random.
 /// Outgoing connections on this machine take their ephemeral ports on 127.0.0.1, so a
 /// port held on another loopback address cannot be taken by one of them while a node is
