@@ -3,9 +3,9 @@
 //!
 //! [`open`] opens a node ([`Node::open`]: storage and Raft groups) and starts the
 //! background loops of the layers above it (stale-transaction recovery, data garbage
-//! collection) and the allocator's trims; [`RunningNode::start`] also serves the gRPC edge (`service`) on a
-//! listener, and [`RunningNode::shutdown`] stops accepting requests, waits for in-flight
-//! ones, then shuts the node down. Nothing outlives `shutdown`, so the same data directory
+//! collection) and the allocator's trims; [`RunningNode::start`] also serves the gRPC edge
+//! (`service`) on a listener, and [`RunningNode::shutdown`] stops accepting requests, waits
+//! for in-flight ones, then shuts the node down. Nothing outlives `shutdown`, so the same data directory
 //! can be opened again at once. It owns process lifetime only: what each loop does lives in
 //! its module.
 

@@ -6,7 +6,8 @@
 //! reserve, and the node's LRU cache (`[storage] cache_bytes`): the block cache of every
 //! store, and the blob cache of the partitions' stores, where small-file bodies live, so
 //! a dataset that fits in it is read from memory whatever the kernel's page cache holds.
-//! Also whether RocksDB compacts the stores on its own: not while the disk is all but full.
+//! Also whether RocksDB compacts the stores on its own: not while the disk is all but full,
+//! and the node's account of its memory ([`Memory`]: RocksDB's share beside the process's).
 //!
 //! Bounding unflushed data matters beyond memory: RocksDB replays and flushes the log's WAL
 //! when it opens, and openraft applies again what the partitions' stores had not flushed
