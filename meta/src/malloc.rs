@@ -84,13 +84,9 @@ mod tests {
     #[test]
     fn a_trim_gives_freed_pages_back() {
         let resident = || {
-            let status = std::fs::read_to_string("/proc/self/status").expect("read status");
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("RssAnon:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            crate::tuning::ProcStatus::read("self")
+                .bytes("RssAnon")
                 .expect("RssAnon")
-                * 1024
         };
         tune(2);
         // 64 MiB in 4 KiB blocks, written so that their pages are resident, then a block

@@ -162,10 +162,10 @@ impl Tuning {
                 Ok(s) => (s.mem_table_total, s.mem_table_readers_total),
                 Err(_) => (0, 0),
             };
-        let (resident, peak_resident) = resident_memory();
+        let status = ProcStatus::read("self");
         Memory {
-            resident,
-            peak_resident,
+            resident: status.bytes("VmRSS").unwrap_or(0),
+            peak_resident: status.bytes("VmHWM").unwrap_or(0),
             memtables,
             table_readers,
             cache: self.cache.as_ref().map_or(0, |c| c.get_usage() as u64),
@@ -177,19 +177,24 @@ impl Tuning {
     }
 }
 
-/// This process's resident memory and its peak (`VmRSS`, `VmHWM`), in bytes; 0 where the
-/// kernel does not say (not Linux).
-fn resident_memory() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = |field: &str| {
-        status
+/// A process's status as the kernel gives it (`/proc/<pid>/status`), for its memory
+/// fields; empty where there is none (not Linux, no such process).
+pub struct ProcStatus(String);
+
+impl ProcStatus {
+    /// The status of process `pid`, or of this one for `"self"`.
+    pub fn read(pid: &str) -> ProcStatus {
+        ProcStatus(std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default())
+    }
+
+    /// Memory field `field` (`VmRSS`, `VmHWM`, `RssAnon`, ...) in bytes, if given.
+    pub fn bytes(&self, field: &str) -> Option<u64> {
+        self.0
             .lines()
-            .find_map(|l| l.strip_prefix(field))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    (kib("VmRSS:"), kib("VmHWM:"))
+            .map(|kib| kib * 1024)
+    }
 }
 
 /// Turns RocksDB's automatic compactions of open store `db` off (`paused`) or on. The
@@ -216,6 +221,15 @@ mod tests {
         assert_eq!(Tuning::budget_for(128 << 20, 4 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 1 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 0), 128 << 20);
+    }
+
+    /// A status field is read by its whole name, in bytes.
+    #[test]
+    fn a_status_field_is_read_by_its_whole_name() {
+        let s = ProcStatus("VmRSSx:\t 9 kB\nVmRSS:\t  123 kB\nVmHWM:\t456 kB\n".into());
+        assert_eq!(s.bytes("VmRSS"), Some(123 * 1024));
+        assert_eq!(s.bytes("VmHWM"), Some(456 * 1024));
+        assert_eq!(s.bytes("RssAnon"), None);
     }
 
     /// The report adds up a store's memtables and the shared cache, and reads the

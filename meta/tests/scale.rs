@@ -97,13 +97,9 @@ async fn leaders(c: &Client) -> Option<BTreeMap<u32, PartitionStatus>> {
 
 /// A process's peak resident memory in bytes (`VmHWM`).
 fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in proc status");
-    kib << 10
+    talon_meta::tuning::ProcStatus::read(&pid.to_string())
+        .bytes("VmHWM")
+        .expect("VmHWM in proc status")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
