@@ -330,8 +330,9 @@ impl<'a> Namespace<'a> {
                 || {
                     part.store
                         .read(|v| {
-                            let locked = v.locked(&crate::keys::inode(ino))?.is_some();
-                            Ok((v.epoch()?, v.inode(ino)?, locked))
+                            let rec = v.inode(ino)?;
+                            let locked = v.strict_inode_locked(ino, rec.as_ref())?;
+                            Ok((v.epoch()?, rec, locked))
                         })
                         .map_err(storage_error)
                 },
@@ -341,12 +342,9 @@ impl<'a> Namespace<'a> {
         if epoch != 0 {
             check_epoch(epoch, cur_epoch)?;
         }
-        // A strict inode a prepared transaction holds (a link or unlink across partitions,
-        // say) may already have changed on the transaction's other partitions: its old
-        // attributes beside their new entries would be half the transaction. The reader
-        // waits for it to finish here, as a lookup of a locked entry does. A relaxed file's
-        // attributes may be that old anyway.
-        if locked && rec.as_ref().is_some_and(|r| r.attr.class == Class::Strict) {
+        // As a lookup of a locked entry does, the reader waits for the transaction (a link
+        // or unlink across partitions, say) to finish here.
+        if locked {
             return Err(TalonError::Retry(
                 "inode is being changed by a transaction".into(),
             ));
@@ -385,11 +383,7 @@ impl<'a> Namespace<'a> {
                     let inode = match &dentry {
                         Some(d) if d.ino.home() == p => {
                             let rec = v.inode(d.ino)?;
-                            // As `guarded_attr`: a strict inode's attributes wait for a
-                            // transaction that holds it.
-                            if rec.as_ref().is_some_and(|r| r.attr.class == Class::Strict) {
-                                locked |= v.locked(&crate::keys::inode(d.ino))?.is_some();
-                            }
+                            locked |= v.strict_inode_locked(d.ino, rec.as_ref())?;
                             Some(rec)
                         }
                         _ => None,

@@ -172,6 +172,17 @@ impl<'a> View<'a> {
         Ok(self.locked(&keys::request(id))?.is_some())
     }
 
+    /// Whether `rec`, inode `ino` as read here, is strict and held by a prepared
+    /// transaction: its attributes may be half of that transaction, whose other partitions
+    /// may have applied theirs already, so a strict reader waits. A relaxed inode's
+    /// attributes may be that old anyway (and its lock is not read).
+    pub fn strict_inode_locked(&self, ino: Ino, rec: Option<&InodeRec>) -> Result<bool, Fatal> {
+        if !rec.is_some_and(|r| r.attr.class == talon_model::Class::Strict) {
+            return Ok(false);
+        }
+        Ok(self.locked(&keys::inode(ino))?.is_some())
+    }
+
     pub(crate) fn locked(&self, key: &[u8]) -> Result<Option<TxId>, Fatal> {
         self.get(&keys::lock(key))?
             .map(|b| dec(&b, "lock"))
