@@ -15,8 +15,13 @@ pub use talon_testkit::TestCluster;
 
 /// A client of `addrs` with a generous per-operation deadline.
 pub async fn client(addrs: &[String]) -> Client {
+    client_waiting(addrs, Duration::from_secs(60)).await
+}
+
+/// A client of `addrs` whose operations may take `op_timeout`.
+pub async fn client_waiting(addrs: &[String], op_timeout: Duration) -> Client {
     let opts = ClientOptions {
-        op_timeout: Duration::from_secs(60),
+        op_timeout,
         ..ClientOptions::default()
     };
     Client::connect(addrs, opts).await.expect("connect client")
@@ -53,15 +58,7 @@ pub async fn recovering_cluster(
         .start()
         .await
         .expect("cluster");
-    let c = Client::connect(
-        &cluster.addrs(),
-        ClientOptions {
-            op_timeout,
-            ..ClientOptions::default()
-        },
-    )
-    .await
-    .expect("connect client");
+    let c = client_waiting(&cluster.addrs(), op_timeout).await;
     (cluster, c)
 }
 
