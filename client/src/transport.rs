@@ -1,47 +1,53 @@
 //! How an RPC reaches a node: over the network (a tonic channel: HTTP/2 on TCP), or, for
-//! a node in this very process, as a direct call into its gRPC service.
+//! a node in this very process, as a direct call of its `Namespace` service's handler.
 //!
 //! `talon up` runs its metadata node and its mount in one process. Sent over loopback TCP,
 //! every FUSE request still paid for HTTP/2 framing, two socket writes, two socket reads
 //! and the wake-ups between them; a profile of an image epoch put a sixth of the process's
-//! time in the kernel's TCP paths alone. A [`LocalNode`] hands the request, still a
-//! complete gRPC request with its encoded message, straight to the node's service: the
-//! same codec, the same size limits, the same handlers and the same errors, minus the
-//! connection. Every other node of the cluster map is reached over the network as before.
+//! time in the kernel's TCP paths alone. Handing the node a complete gRPC request instead
+//! (the encoded message in an HTTP body) took the connection away but kept the codec: a
+//! profile of a cold image epoch through `talon up` still had two fifths of the process's
+//! samples under the client's gRPC call, a third of them in tonic and prost around the
+//! handler, and each file body copied four times on its way (into the reply's encoding,
+//! into the client's decode buffer, growing it, and into the decoded message).
+//!
+//! So a [`LocalNode`] holds the node's service handler itself, and [`NodeClient`] calls it
+//! with the request message as built, and returns the reply message as the handler made
+//! it: the same handlers, the same validation at the edge, the same `Status` errors, and
+//! the same message size limits (checked on each message's encoded length, which prost
+//! computes without encoding: the client's limits and the server's, as over the network,
+//! failing with `OutOfRange` as tonic does). Every other node of the cluster map is
+//! reached over the network through the generated gRPC client.
 
-use std::task::{Context, Poll};
+use prost::Message;
+use std::sync::Arc;
+use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
-use tonic::body::Body;
+use talon_proto::v1::namespace_server::Namespace;
 use tonic::transport::Channel;
-use tower::util::BoxCloneSyncService;
-use tower::{Service, ServiceExt};
+use tonic::{IntoRequest, Response, Status};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type Local = BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>;
+/// tonic's default limit on a decoded message, which a client without its own keeps.
+const DEFAULT_MAX_DECODING: usize = 4 << 20;
 
-/// A node served in this process: its address in the cluster map, and its gRPC service.
+/// A node served in this process: its address in the cluster map, its `Namespace` service
+/// handler, and the largest message that service accepts or sends.
 #[derive(Clone)]
 pub struct LocalNode {
     addr: String,
-    service: Local,
+    api: Arc<dyn Namespace>,
+    max_message: usize,
 }
 
 impl LocalNode {
-    /// The node at `addr` (as the cluster map names it) is `service`, a tonic service
-    /// such as the metadata node's `Namespace` server.
-    pub fn new<S>(addr: impl Into<String>, service: S) -> LocalNode
-    where
-        S: Service<http::Request<Body>, Response = http::Response<Body>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Error: Into<BoxError>,
-        S::Future: Send + 'static,
-    {
+    /// The node at `addr` (as the cluster map names it) is `api`, a `Namespace` service
+    /// handler such as the metadata node's (`talon_meta::service::api`), which accepts and
+    /// sends messages of at most `max_message` bytes encoded, as its gRPC server does.
+    pub fn new(addr: impl Into<String>, api: impl Namespace, max_message: usize) -> LocalNode {
         LocalNode {
             addr: addr.into(),
-            service: BoxCloneSyncService::new(service.map_err(Into::into)),
+            api: Arc::new(api),
+            max_message,
         }
     }
 
@@ -55,15 +61,12 @@ impl std::fmt::Debug for LocalNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalNode")
             .field("addr", &self.addr)
+            .field("max_message", &self.max_message)
             .finish_non_exhaustive()
     }
 }
 
-/// The generated gRPC client of the `Namespace` service, sending through a [`Conn`]: what
-/// every RPC is made with.
-pub type NodeClient = NamespaceClient<Conn>;
-
-/// The way to one node: what the generated `NamespaceClient` sends its requests through.
+/// The way to one node.
 #[derive(Clone)]
 pub enum Conn {
     /// A lazily connected tonic channel.
@@ -72,25 +75,122 @@ pub enum Conn {
     Local(LocalNode),
 }
 
-impl Service<http::Request<Body>> for Conn {
-    type Response = http::Response<Body>;
-    type Error = BoxError;
-    type Future = futures::future::BoxFuture<'static, Result<http::Response<Body>, BoxError>>;
+/// A client of one node's `Namespace` service, with the generated gRPC client's methods:
+/// what every RPC is made with.
+pub struct NodeClient(Inner);
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        match self {
-            Conn::Net(c) => c.poll_ready(cx).map_err(Into::into),
-            Conn::Local(l) => l.service.poll_ready(cx),
-        }
+enum Inner {
+    Net(NamespaceClient<Channel>),
+    Local {
+        node: LocalNode,
+        max_decoding: usize,
+        max_encoding: usize,
+    },
+}
+
+impl NodeClient {
+    /// A client sending through `conn`.
+    pub fn new(conn: Conn) -> NodeClient {
+        NodeClient(match conn {
+            Conn::Net(c) => Inner::Net(NamespaceClient::new(c)),
+            Conn::Local(node) => Inner::Local {
+                node,
+                max_decoding: DEFAULT_MAX_DECODING,
+                max_encoding: usize::MAX,
+            },
+        })
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        match self {
-            Conn::Net(c) => {
-                let reply = c.call(req);
-                Box::pin(async move { reply.await.map_err(Into::into) })
-            }
-            Conn::Local(l) => l.service.call(req),
-        }
+    /// Refuses replies larger than `limit` bytes encoded (tonic's default: 4 MiB).
+    pub fn max_decoding_message_size(self, limit: usize) -> Self {
+        NodeClient(match self.0 {
+            Inner::Net(c) => Inner::Net(c.max_decoding_message_size(limit)),
+            Inner::Local {
+                node, max_encoding, ..
+            } => Inner::Local {
+                node,
+                max_decoding: limit,
+                max_encoding,
+            },
+        })
     }
+
+    /// Refuses to send requests larger than `limit` bytes encoded (default: no limit).
+    pub fn max_encoding_message_size(self, limit: usize) -> Self {
+        NodeClient(match self.0 {
+            Inner::Net(c) => Inner::Net(c.max_encoding_message_size(limit)),
+            Inner::Local {
+                node, max_decoding, ..
+            } => Inner::Local {
+                node,
+                max_decoding,
+                max_encoding: limit,
+            },
+        })
+    }
+}
+
+/// OutOfRange, as tonic answers, for a message of `len` bytes encoded past `limit`.
+fn within(what: &str, len: usize, limit: usize) -> Result<(), Status> {
+    if len > limit {
+        return Err(Status::out_of_range(format!(
+            "{what} message length too large: found {len} bytes, the limit is: {limit} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// One method per RPC of the `Namespace` service, named and typed as the generated gRPC
+/// client's.
+macro_rules! rpcs {
+    ($($name:ident($req:ident) -> $reply:ident;)*) => {
+        impl NodeClient {
+            $(
+                #[doc = concat!("The `", stringify!($name), "` RPC.")]
+                pub async fn $name(
+                    &mut self,
+                    request: impl IntoRequest<pb::$req>,
+                ) -> Result<Response<pb::$reply>, Status> {
+                    match &mut self.0 {
+                        Inner::Net(c) => c.$name(request).await,
+                        Inner::Local { node, max_decoding, max_encoding } => {
+                            let request = request.into_request();
+                            let len = request.get_ref().encoded_len();
+                            within("encoded", len, (*max_encoding).min(node.max_message))?;
+                            let reply = node.api.$name(request).await?;
+                            let len = reply.get_ref().encoded_len();
+                            within("decoded", len, (*max_decoding).min(node.max_message))?;
+                            Ok(reply)
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+rpcs! {
+    get_cluster_map(ClusterMapRequest) -> ClusterMap;
+    status(StatusRequest) -> StatusReply;
+    lookup(LookupRequest) -> EntryReply;
+    get_attr(GetAttrRequest) -> AttrReply;
+    set_attr(SetAttrRequest) -> AttrReply;
+    create(CreateRequest) -> EntryReply;
+    remove(RemoveRequest) -> RemoveReply;
+    rename(RenameRequest) -> RenameReply;
+    link(LinkRequest) -> EntryReply;
+    read_dir(ReadDirRequest) -> ReadDirReply;
+    get_xattr(GetXattrRequest) -> GetXattrReply;
+    set_xattr(SetXattrRequest) -> Empty;
+    list_xattr(ListXattrRequest) -> ListXattrReply;
+    remove_xattr(RemoveXattrRequest) -> Empty;
+    stat_fs(StatFsRequest) -> StatFsReply;
+    set_class(SetClassRequest) -> AttrReply;
+    batch(BatchRequest) -> BatchReply;
+    read_whole(ReadWholeRequest) -> OpenReply;
+    open(OpenRequest) -> OpenReply;
+    write_small(WriteSmallRequest) -> AttrReply;
+    put_chunk(PutChunkRequest) -> Empty;
+    get_chunk(GetChunkRequest) -> GetChunkReply;
+    commit_layout(CommitLayoutRequest) -> AttrReply;
 }

@@ -114,7 +114,8 @@ pub async fn run(
     // address as given, which may be a host name).
     let local = LocalNode::new(
         opts.listen.clone(),
-        talon_meta::service::namespace(node.node.clone()),
+        talon_meta::service::api(node.node.clone()),
+        talon_meta::service::MAX_CLIENT_MESSAGE,
     );
     let result = serve(&opts, local, shutdown, &mut announce).await;
     node.shutdown().await;

@@ -16,7 +16,11 @@ async fn a_local_node_answers_without_a_listener() {
     let node = talon_meta::server::open(node_config(dir.path(), addr))
         .await
         .expect("open the node");
-    let local = LocalNode::new(addr, talon_meta::service::namespace(node.clone()));
+    let local = LocalNode::new(
+        addr,
+        talon_meta::service::api(node.clone()),
+        talon_meta::service::MAX_CLIENT_MESSAGE,
+    );
     let c = Client::connect_local(&[addr.to_string()], ClientOptions::default(), local)
         .await
         .expect("connect to the local node");
@@ -49,5 +53,52 @@ async fn a_local_node_answers_without_a_listener() {
     assert!(c.rpc_count() > 0);
 
     drop(c);
+    node.shutdown().await;
+}
+
+/// The direct path keeps gRPC's message limits: a request past the node's limit, or a reply
+/// past the client's, fails with OutOfRange as tonic's codec fails it over the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_node_keeps_the_message_limits() {
+    use talon_client::transport::{Conn, NodeClient};
+    use talon_proto::v1 as pb;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr = "127.0.0.1:1";
+    let node = talon_meta::server::open(node_config(dir.path(), addr))
+        .await
+        .expect("open the node");
+    let limit = 256;
+    let local = LocalNode::new(addr, talon_meta::service::api(node.clone()), limit);
+
+    let mut c = NodeClient::new(Conn::Local(local));
+    let small = pb::LookupRequest {
+        parent: 1,
+        name: b"x".to_vec(),
+        ..Default::default()
+    };
+    let r = c.lookup(small).await;
+    assert_ne!(r.err().map(|s| s.code()), Some(tonic::Code::OutOfRange));
+    let big = pb::LookupRequest {
+        parent: 1,
+        name: vec![b'x'; limit + 1],
+        ..Default::default()
+    };
+    let status = c.lookup(big).await.expect_err("a request past the limit");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+
+    let roomy = LocalNode::new(addr, talon_meta::service::api(node.clone()), 1 << 20);
+    let map = NodeClient::new(Conn::Local(roomy.clone()))
+        .get_cluster_map(pb::ClusterMapRequest {})
+        .await
+        .expect("the cluster map");
+    let len = prost::Message::encoded_len(map.get_ref());
+    let mut tight = NodeClient::new(Conn::Local(roomy)).max_decoding_message_size(len - 1);
+    let status = tight
+        .get_cluster_map(pb::ClusterMapRequest {})
+        .await
+        .expect_err("a reply past the client's limit");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+
     node.shutdown().await;
 }

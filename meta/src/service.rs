@@ -26,11 +26,16 @@ use tonic::{Request, Response, Status};
 /// Largest client request (a full batch of creates with long names fits well within).
 pub const MAX_CLIENT_MESSAGE: usize = 16 << 20;
 
-/// The client `Namespace` service of `node`, with the edge's message limits. The router
-/// below serves it on the network; a process that runs `node` and a client of it can also
-/// call it directly (`talon up`).
+/// The handler of `node`'s client `Namespace` service. A process that runs `node` and a
+/// client of it calls it directly (`talon up`), with [`MAX_CLIENT_MESSAGE`] as its limit.
+pub fn api(node: Arc<Node>) -> Api {
+    Api { node }
+}
+
+/// The client `Namespace` service of `node`, with the edge's message limits, as the router
+/// below serves it on the network.
 pub fn namespace(node: Arc<Node>) -> NamespaceServer<Api> {
-    NamespaceServer::new(Api { node })
+    NamespaceServer::new(api(node))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE)
 }
