@@ -211,12 +211,14 @@ impl Core {
         }
         let c = match &mut self.body {
             Body::Small(b) => {
-                let mut out = vec![0u8; (end - offset) as usize];
+                // The bytes held, then zeros past them (a truncate that extended the file):
+                // one pass over the answer, not a zeroing and then a copy.
                 let have = (b.len() as u64).min(end);
+                let mut out = Vec::with_capacity((end - offset) as usize);
                 if offset < have {
-                    out[..(have - offset) as usize]
-                        .copy_from_slice(&b[offset as usize..have as usize]);
+                    out.extend_from_slice(&b[offset as usize..have as usize]);
                 }
+                out.resize((end - offset) as usize, 0);
                 return Ok(out);
             }
             Body::Chunked(c) => c,

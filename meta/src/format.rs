@@ -12,8 +12,7 @@
 //! `raft_log`, `types`).
 
 use rocksdb::{IteratorMode, DB};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The format this build writes and reads. Version 1 was the unversioned bincode encoding
 /// of earlier releases; bump this whenever a stored or sent shape changes.
@@ -31,8 +30,9 @@ pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
 }
 
 /// Decodes a value written in the current format. Every byte must belong to the value: a
-/// record or message with bytes left over is not one this build wrote.
-pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, DecodeError> {
+/// record or message with bytes left over is not one this build wrote. The value may borrow
+/// from `b` (a body read in place, see `records::BodyView`).
+pub fn decode<'a, T: Deserialize<'a>>(b: &'a [u8]) -> Result<T, DecodeError> {
     let (v, rest) = postcard::take_from_bytes(b)?;
     if !rest.is_empty() {
         return Err(DecodeError::Trailing(rest.len()));

@@ -20,6 +20,16 @@ pub trait Kv {
     /// the caller verifies a checksum the value carries (a small file's body, a chunk).
     fn get(&self, k: &[u8], verify: bool) -> Result<Option<Vec<u8>>, Fatal>;
 
+    /// Calls `read` with the value of `k` where the store holds it, without copying it out
+    /// (RocksDB pins its block or blob for the call); false, and `read` not called, if `k`
+    /// is absent. `verify` as for [`Kv::get`].
+    fn read_in_place(
+        &self,
+        k: &[u8],
+        verify: bool,
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, Fatal>;
+
     /// Calls `visit` with each key at or after `from`, in key order, until it returns false.
     fn scan_keys(&self, from: &[u8], visit: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), Fatal>;
 }
@@ -51,6 +61,16 @@ impl Kv for rocksdb::DB {
         Ok(self.get_opt(k, &read_options(verify))?)
     }
 
+    fn read_in_place(
+        &self,
+        k: &[u8],
+        verify: bool,
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, Fatal> {
+        let v = self.get_pinned_opt(k, &read_options(verify))?;
+        Ok(v.map(|v| read(&v)).is_some())
+    }
+
     fn scan_keys(&self, from: &[u8], visit: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), Fatal> {
         scan(self.raw_iterator(), from, visit)
     }
@@ -61,6 +81,16 @@ impl Kv for rocksdb::DB {
 impl Kv for rocksdb::Snapshot<'_> {
     fn get(&self, k: &[u8], verify: bool) -> Result<Option<Vec<u8>>, Fatal> {
         Ok(self.get_opt(k, read_options(verify))?)
+    }
+
+    fn read_in_place(
+        &self,
+        k: &[u8],
+        verify: bool,
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, Fatal> {
+        let v = self.get_pinned_opt(k, read_options(verify))?;
+        Ok(v.map(|v| read(&v)).is_some())
     }
 
     fn scan_keys(&self, from: &[u8], visit: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), Fatal> {
@@ -97,6 +127,15 @@ impl MemKv {
 impl Kv for MemKv {
     fn get(&self, k: &[u8], _verify: bool) -> Result<Option<Vec<u8>>, Fatal> {
         Ok(self.0.get(k).cloned())
+    }
+
+    fn read_in_place(
+        &self,
+        k: &[u8],
+        _verify: bool,
+        read: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, Fatal> {
+        Ok(self.0.get(k).map(|v| read(v)).is_some())
     }
 
     fn scan_keys(&self, from: &[u8], visit: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), Fatal> {
@@ -152,6 +191,14 @@ mod tests {
             assert_eq!(keys(kv, b"a/", b"a/"), [b"a/1".to_vec(), b"a/3".to_vec()]);
             assert_eq!(keys(kv, b"a/2", b"a/"), [b"a/3".to_vec()]);
             assert!(keys(kv, b"c", b"c").is_empty());
+            let mut seen = Vec::new();
+            assert!(kv
+                .read_in_place(b"a/3", false, &mut |v| seen = v.to_vec())
+                .expect("read"));
+            assert_eq!(seen, b"3/a");
+            assert!(!kv
+                .read_in_place(b"a/2", true, &mut |_| panic!("read of an absent key"))
+                .expect("read"));
         }
     }
 }

@@ -6,7 +6,7 @@
 //! store: no routing, no consistency barrier (callers take the barrier they need first).
 
 use crate::keys;
-use crate::records::{dec, storage_error, BodyRec, InodeRec};
+use crate::records::{dec, storage_error, BodyView, Fatal, InodeRec};
 use crate::sm::SmStore;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, TalonError};
 
@@ -38,12 +38,15 @@ pub fn read_stored(
             let Some(rec) = v.inode(ino)? else {
                 return Ok(None);
             };
+            // Wanted: Some; stored: Some; matching its checksum: Some. The body is copied
+            // out of the store once, into the answer, and only if it is sound.
             let body =
                 if want_body && rec.attr.kind == FileKind::Regular && rec.layout == Layout::Small {
-                    match v.get_self_checked(&keys::body(ino))? {
-                        Some(b) => Some(Some(dec::<BodyRec>(&b, "body")?)),
-                        None => Some(None),
-                    }
+                    let read = v.read_self_checked(&keys::body(ino), |b| {
+                        let body: BodyView = dec(b, "body")?;
+                        Ok::<_, Fatal>(body.verify().then(|| body.data.to_vec()))
+                    })?;
+                    Some(read.transpose()?)
                 } else {
                     None
                 };
@@ -57,8 +60,8 @@ pub fn read_stored(
     let body = match body {
         None => None,
         Some(None) => Some(Vec::new()),
-        Some(Some(b)) if b.verify() => Some(b.data),
-        Some(Some(_)) => {
+        Some(Some(Some(data))) => Some(data),
+        Some(Some(None)) => {
             tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
             return Err(posix(
                 Errno::EIO,

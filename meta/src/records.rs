@@ -5,7 +5,7 @@
 //! It only describes records: reading them is `view.rs`, changing them `apply.rs`.
 
 use crate::types::Op;
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde::{Deserialize, Serialize};
 use talon_model::{Attr, FileKind, Ino, Layout};
 
 /// A directory entry's value.
@@ -40,6 +40,24 @@ pub struct BodyRec {
     /// The contents (may be shorter than the file's size: the tail reads as zeros).
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+/// A [`BodyRec`] as stored, its data borrowed from the stored bytes: what a read that
+/// returns the body decodes, so the body is copied out of the store once, not twice.
+#[derive(Debug, Deserialize)]
+pub struct BodyView<'a> {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// The contents.
+    #[serde(borrow)]
+    pub data: &'a [u8],
+}
+
+impl BodyView<'_> {
+    /// True if the data still matches its checksum.
+    pub fn verify(&self) -> bool {
+        crc32c::crc32c(self.data) == self.crc
+    }
 }
 
 /// A chunk of a large file, with its checksum.
@@ -162,8 +180,8 @@ pub fn enc<T: Serialize>(v: &T) -> Vec<u8> {
     crate::format::encode(v).unwrap_or_default()
 }
 
-/// Decodes a stored value.
-pub fn dec<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T, Fatal> {
+/// Decodes a stored value (which may borrow from `b`).
+pub fn dec<'a, T: Deserialize<'a>>(b: &'a [u8], what: &str) -> Result<T, Fatal> {
     crate::format::decode(b).map_err(|e| Fatal::Corrupt(format!("decode {what}: {e}")))
 }
 
@@ -253,5 +271,23 @@ mod tests {
             now,
         ));
         assert_eq!(op[1..], old_fields[..]);
+    }
+
+    /// A stored body decodes in place as a `BodyView` borrowing the stored bytes, with the
+    /// same checksum and data, and a changed byte fails its check.
+    #[test]
+    fn a_body_view_reads_a_stored_body_in_place() {
+        let rec = BodyRec::new((0..300u32).map(|i| (i * 7) as u8).collect());
+        let stored = enc(&rec);
+        let view: BodyView = dec(&stored, "body").expect("decode");
+        assert_eq!((view.crc, view.data), (rec.crc, rec.data.as_slice()));
+        assert!(view.verify());
+        assert!(stored.as_ptr_range().contains(&view.data.as_ptr()));
+        let mut bad = stored.clone();
+        if let Some(b) = bad.last_mut() {
+            *b ^= 1;
+        }
+        let view: BodyView = dec(&bad, "body").expect("decode");
+        assert!(!view.verify());
     }
 }

@@ -43,6 +43,25 @@ impl<'a> View<'a> {
         self.get_with(k, false)
     }
 
+    /// Reads a value that carries its own checksum (as [`View::get_self_checked`]) in
+    /// place: `read` gets the stored bytes without a copy out of the store, and what it
+    /// returns is the answer (None: the key is absent).
+    pub fn read_self_checked<T>(
+        &self,
+        k: &[u8],
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>, Fatal> {
+        if let Some(v) = self.staged(k) {
+            return Ok(v.as_deref().map(read));
+        }
+        let mut read = Some(read);
+        let mut out = None;
+        self.kv.read_in_place(k, false, &mut |b| {
+            out = read.take().map(|f| f(b));
+        })?;
+        Ok(out)
+    }
+
     /// Reads a key: the staged writes first, then the store.
     fn get_with(&self, k: &[u8], verify: bool) -> Result<Option<Vec<u8>>, Fatal> {
         if let Some(v) = self.staged(k) {
