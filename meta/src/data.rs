@@ -27,8 +27,9 @@ use crate::namespace::Namespace;
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::reads::{read_stored, OpenFile};
-use crate::records::{dec, storage_error, ChunkRec};
+use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op};
+use crate::view::View;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,41 +231,45 @@ impl<'a> Files<'a> {
         let part = self.node.local(p)?;
         self.ns().read_guard(part, relaxed, 0).await?;
         let key = keys::chunk(ino, write_id, index);
-        let mut raw = part
-            .store
-            .read(|v| v.get_self_checked(&key))
-            .map_err(storage_error)?;
-        if raw.is_none() && relaxed {
+        // Read in place: only the range asked for is copied out of the store, and only
+        // from a chunk that matches its checksum (None: it does not).
+        let read = |v: &View<'_>| {
+            v.read_self_checked(&key, |b| {
+                dec::<ChunkView>(b, "chunk").map(|chunk| {
+                    chunk.verify().then(|| {
+                        let start = (offset as usize).min(chunk.data.len());
+                        let end = start.saturating_add(length as usize).min(chunk.data.len());
+                        chunk.data[start..end].to_vec()
+                    })
+                })
+            })
+        };
+        let mut got = part.store.read(read).map_err(storage_error)?;
+        if got.is_none() && relaxed {
             // A lagging follower may not have it yet: ask as the leader.
             part.linearizable().await?;
-            raw = part
-                .store
-                .read(|v| v.get_self_checked(&key))
-                .map_err(storage_error)?;
+            got = part.store.read(read).map_err(storage_error)?;
         }
-        let raw = raw.ok_or_else(|| {
+        let got = got.ok_or_else(|| {
             posix(
                 Errno::EIO,
                 format!("chunk {index} of inode {ino} (write {write_id:x}) is missing"),
             )
         })?;
-        let chunk: ChunkRec = dec(&raw, "chunk").map_err(|e| {
+        let bytes = got.map_err(|e| {
             tracing::error!(ino = %ino, index, "undecodable chunk: {e}");
             posix(
                 Errno::EIO,
                 format!("chunk {index} of inode {ino} is corrupt"),
             )
         })?;
-        if !chunk.verify() {
+        bytes.ok_or_else(|| {
             tracing::error!(ino = %ino, index, partition = p, "checksum mismatch in chunk {index} of inode {ino}");
-            return Err(posix(
+            posix(
                 Errno::EIO,
                 format!("checksum mismatch in chunk {index} of inode {ino}"),
-            ));
-        }
-        let start = (offset as usize).min(chunk.data.len());
-        let end = start.saturating_add(length as usize).min(chunk.data.len());
-        Ok(chunk.data[start..end].to_vec())
+            )
+        })
     }
 
     /// Makes a chunked layout the file's contents.

@@ -38,15 +38,15 @@ pub fn read_stored(
             let Some(rec) = v.inode(ino)? else {
                 return Ok(None);
             };
-            // Wanted: Some; stored: Some; matching its checksum: Some. The body is copied
-            // out of the store once, into the answer, and only if it is sound.
+            // Wanted: Some; matching its checksum (or absent: empty): Some. The body is
+            // copied out of the store once, into the answer, and only if it is sound.
             let body =
                 if want_body && rec.attr.kind == FileKind::Regular && rec.layout == Layout::Small {
                     let read = v.read_self_checked(&keys::body(ino), |b| {
                         let body: BodyView = dec(b, "body")?;
                         Ok::<_, Fatal>(body.verify().then(|| body.data.to_vec()))
                     })?;
-                    Some(read.transpose()?)
+                    Some(read.transpose()?.unwrap_or(Some(Vec::new())))
                 } else {
                     None
                 };
@@ -59,9 +59,8 @@ pub fn read_stored(
     let InodeRec { attr, layout, .. } = rec;
     let body = match body {
         None => None,
-        Some(None) => Some(Vec::new()),
-        Some(Some(Some(data))) => Some(data),
-        Some(Some(None)) => {
+        Some(Some(data)) => Some(data),
+        Some(None) => {
             tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
             return Err(posix(
                 Errno::EIO,

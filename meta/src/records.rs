@@ -122,10 +122,23 @@ impl BodyRec {
     }
 }
 
-impl ChunkRec {
+/// A [`ChunkRec`] as stored, its data borrowed from the stored bytes: a chunk read copies
+/// out only the range asked for.
+#[derive(Debug, Deserialize)]
+pub struct ChunkView<'a> {
+    /// CRC32C of `data`.
+    pub crc: u32,
+    /// When it was written (leader wall clock, ms).
+    pub at_ms: u64,
+    /// The contents.
+    #[serde(borrow)]
+    pub data: &'a [u8],
+}
+
+impl ChunkView<'_> {
     /// True if the data still matches its checksum.
     pub fn verify(&self) -> bool {
-        crc32c::crc32c(&self.data) == self.crc
+        crc32c::crc32c(self.data) == self.crc
     }
 }
 

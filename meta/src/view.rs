@@ -30,22 +30,18 @@ impl<'a> View<'a> {
         }
     }
 
-    /// Reads a key.
+    /// Reads a key: the staged writes first, then the store.
     pub fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
-        self.get_with(k, true)
+        if let Some(v) = self.staged(k) {
+            return Ok(v.clone());
+        }
+        self.kv.get(k)
     }
 
     /// Reads a value that carries a checksum of its own, which the caller verifies (a
-    /// small file's body, a chunk): RocksDB does not verify its block and blob checksums
-    /// again on this read. Its software CRC32C over every 110 KB body cost about 6 % of the
-    /// server's CPU in a warm image epoch, for bytes the caller checks anyway.
-    pub fn get_self_checked(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
-        self.get_with(k, false)
-    }
-
-    /// Reads a value that carries its own checksum (as [`View::get_self_checked`]) in
-    /// place: `read` gets the stored bytes without a copy out of the store, and what it
-    /// returns is the answer (None: the key is absent).
+    /// small file's body, a chunk), in place: `read` gets the stored bytes without a copy
+    /// out of the store (see [`Kv::read_in_place`]), and what it returns is the answer
+    /// (None: the key is absent).
     pub fn read_self_checked<T>(
         &self,
         k: &[u8],
@@ -56,18 +52,10 @@ impl<'a> View<'a> {
         }
         let mut read = Some(read);
         let mut out = None;
-        self.kv.read_in_place(k, false, &mut |b| {
+        self.kv.read_in_place(k, &mut |b| {
             out = read.take().map(|f| f(b));
         })?;
         Ok(out)
-    }
-
-    /// Reads a key: the staged writes first, then the store.
-    fn get_with(&self, k: &[u8], verify: bool) -> Result<Option<Vec<u8>>, Fatal> {
-        if let Some(v) = self.staged(k) {
-            return Ok(v.clone());
-        }
-        self.kv.get(k, verify)
     }
 
     fn staged(&self, k: &[u8]) -> Option<&Option<Vec<u8>>> {
