@@ -50,9 +50,22 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
     io_err(ErrorSubject::StateMachine, verb, e)
 }
 
+/// The share of blob files, oldest first, whose live values RocksDB's own compactions move
+/// into new blob files (RocksDB's default). A blob file leaves the disk only once no key
+/// refers to it, so moving values is how deleted bodies give their room back; moving every
+/// file's values (a cutoff of 1.0) would rewrite each body that a compaction's keys point
+/// to, every time, and bodies are written once and read many times.
+const AUTO_GC_AGE_CUTOFF: f64 = 0.25;
+
+/// The garbage share of the eligible blob files past which RocksDB compacts the keys that
+/// still point into them, so that deleted bodies are not kept for want of a compaction.
+const AUTO_GC_FORCE_THRESHOLD: f64 = 0.5;
+
 /// RocksDB options of a state machine instance. Values of 4 KiB and more (small-file
 /// bodies, chunks) go to BlobDB's blob files: large append-only segments with their own
-/// garbage collection, run by compaction (age cutoff 1.0: every blob file is eligible).
+/// garbage collection, run by compaction: by RocksDB's own compactions over the oldest
+/// files ([`AUTO_GC_AGE_CUTOFF`]), and over every file by the node's reclaiming compaction
+/// ([`SmStore::compact`]).
 fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     let mut o = Options::default();
     tuning.apply(&mut o);
@@ -64,7 +77,8 @@ fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     o.set_min_blob_size(4096);
     o.set_blob_file_size(256 << 20);
     o.set_enable_blob_gc(true);
-    o.set_blob_gc_age_cutoff(1.0);
+    o.set_blob_gc_age_cutoff(AUTO_GC_AGE_CUTOFF);
+    o.set_blob_gc_force_threshold(AUTO_GC_FORCE_THRESHOLD);
     o
 }
 
@@ -835,13 +849,26 @@ impl SmStore {
         self.deletes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Compacts the whole instance, reclaiming deleted values (blob files included).
+    /// Compacts the whole instance, reclaiming deleted values: every blob file is eligible
+    /// for garbage collection during this compaction (RocksDB's own compactions running
+    /// meanwhile too), and only the oldest again after it.
     pub fn compact(&self) {
         self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
         let db = self.db();
+        let cutoff = |v: f64| {
+            let name = "blob_garbage_collection_age_cutoff";
+            if let Err(e) = crate::tuning::set_option(&db, name, &v.to_string()) {
+                tracing::warn!(
+                    partition = self.partition,
+                    "blob GC cutoff {v} not set: {e}"
+                );
+            }
+        };
+        cutoff(1.0);
         let mut o = rocksdb::CompactOptions::default();
         o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        cutoff(AUTO_GC_AGE_CUTOFF);
     }
 
     /// Bytes the instance occupies on disk (SST and blob files).
@@ -1027,6 +1054,72 @@ mod tests {
             db.put(format!("k{i}"), vec![7u8; 1000]).expect("write");
             db.flush().expect("flush");
         }
+    }
+
+    /// Blob files (`*.blob`) under `dir`, at any depth.
+    fn blob_files(dir: &Path) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).expect("list").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    todo.push(p);
+                } else if p.extension().is_some_and(|x| x == "blob") {
+                    out.insert(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        out
+    }
+
+    /// A compaction on RocksDB's own settings moves the values of the oldest quarter of the
+    /// blob files only, so bodies written once are not rewritten by every compaction that
+    /// passes over their keys; the node's reclaiming compaction moves every live value and
+    /// gives a deleted body's room back, and leaves the setting as it found it.
+    #[test]
+    fn only_the_reclaiming_compaction_rewrites_every_blob_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SmStore::open(dir.path(), 1, b"").expect("open");
+        let db = store.db();
+        db.set_options(&[("disable_auto_compactions", "true")])
+            .expect("pause RocksDB's own compactions");
+        for i in 0..8u32 {
+            db.put(format!("B{i}"), vec![i as u8; 8192]).expect("write");
+            db.flush().expect("flush");
+        }
+        let written = blob_files(dir.path());
+        assert_eq!(written.len(), 8, "{written:?}");
+
+        // What RocksDB's own compactions do: the oldest two of eight files are moved.
+        let mut o = rocksdb::CompactOptions::default();
+        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        let after = blob_files(dir.path());
+        let newest: std::collections::BTreeSet<String> = written.iter().skip(2).cloned().collect();
+        assert!(newest.is_subset(&after), "{written:?} -> {after:?}");
+        assert!(
+            written.iter().take(2).all(|f| !after.contains(f)),
+            "{after:?}"
+        );
+
+        for i in 0..4u32 {
+            db.delete(format!("B{i}")).expect("delete");
+        }
+        let before = store.disk_bytes();
+        store.compact();
+        let reclaimed = blob_files(dir.path());
+        assert!(reclaimed.is_disjoint(&after), "{after:?} -> {reclaimed:?}");
+        assert!(store.disk_bytes() < before, "no room given back");
+        for i in 4..8u32 {
+            assert_eq!(
+                db.get(format!("B{i}")).expect("read"),
+                Some(vec![i as u8; 8192])
+            );
+        }
+        // The setting is RocksDB's own again: a compaction leaves the one file in place.
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        assert_eq!(blob_files(dir.path()), reclaimed);
     }
 
     /// A store opened while the node's compactions are paused (its disk is full) leaves its

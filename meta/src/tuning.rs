@@ -202,8 +202,18 @@ impl ProcStatus {
 /// on a full disk): that file is a record no open here reads (every open passes its own
 /// options), so that failure is not one.
 pub fn set_compactions(db: &DB, paused: bool) -> Result<(), rocksdb::Error> {
-    let v = if paused { "true" } else { "false" };
-    match db.set_options(&[("disable_auto_compactions", v)]) {
+    set_option(
+        db,
+        "disable_auto_compactions",
+        if paused { "true" } else { "false" },
+    )
+}
+
+/// Sets one of RocksDB's mutable options of open store `db`. As with
+/// [`set_compactions`], the change holds in memory even when the OPTIONS file cannot be
+/// written.
+pub fn set_option(db: &DB, name: &str, value: &str) -> Result<(), rocksdb::Error> {
+    match db.set_options(&[(name, value)]) {
         Err(e) if e.to_string().contains("Unable to persist options") => Ok(()),
         r => r,
     }
