@@ -42,6 +42,12 @@ pub struct BodyRec {
     pub data: Vec<u8>,
 }
 
+/// True if `data` still matches `crc`, the CRC32C that every stored body and chunk
+/// carries ([`BodyRec`], [`BodyView`], [`ChunkView`]).
+fn crc_matches(data: &[u8], crc: u32) -> bool {
+    crc32c::crc32c(data) == crc
+}
+
 /// A [`BodyRec`] as stored, its data borrowed from the stored bytes: what a read that
 /// returns the body decodes, so the body is copied out of the store once, not twice.
 #[derive(Debug, Deserialize)]
@@ -56,7 +62,7 @@ pub struct BodyView<'a> {
 impl BodyView<'_> {
     /// True if the data still matches its checksum.
     pub fn verify(&self) -> bool {
-        crc32c::crc32c(self.data) == self.crc
+        crc_matches(self.data, self.crc)
     }
 }
 
@@ -118,7 +124,7 @@ impl BodyRec {
 
     /// True if the data still matches its checksum.
     pub fn verify(&self) -> bool {
-        crc32c::crc32c(&self.data) == self.crc
+        crc_matches(&self.data, self.crc)
     }
 }
 
@@ -138,7 +144,7 @@ pub struct ChunkView<'a> {
 impl ChunkView<'_> {
     /// True if the data still matches its checksum.
     pub fn verify(&self) -> bool {
-        crc32c::crc32c(self.data) == self.crc
+        crc_matches(self.data, self.crc)
     }
 }
 
