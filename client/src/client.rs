@@ -28,7 +28,7 @@ use crate::path_cache::PathCache;
 use crate::router::{ReadKind, Router};
 use crate::settle::Scope;
 use crate::transport::{LocalNode, NodeClient};
-use crate::types::{CreateSpec, NodeStatus, RenameFlags, SetAttr, StatFs, XattrFlags};
+use crate::types::{CreateSpec, DirChange, NodeStatus, RenameFlags, SetAttr, StatFs, XattrFlags};
 use crate::wire::replies;
 use crate::wire::requests::{self, request_id, Header};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -325,7 +325,7 @@ impl Client {
         name: &[u8],
         spec: &CreateSpec,
         epoch: u64,
-    ) -> Result<(Attr, bool), TalonError> {
+    ) -> Result<DirChange<(Attr, bool)>, TalonError> {
         let p = self.partition_of(parent, name, class);
         // One token per logical create: the router resends this very request, so a retry
         // after a lost reply finds its own inode instead of EEXIST.
@@ -346,11 +346,11 @@ impl Client {
         let reply = replies::created(reply);
         self.cache().observe_epoch(reply.epoch);
         self.changed_dir(parent);
-        let (attr, new) = reply.value?;
+        let made = reply.value?;
         let stamp = reply.epoch.max(epoch);
         self.cache()
-            .insert_dentry(parent, class, name, &attr, stamp);
-        Ok((attr, new))
+            .insert_dentry(parent, class, name, &made.value.0, stamp);
+        Ok(made)
     }
 
     pub(crate) async fn rpc_remove(
@@ -360,7 +360,7 @@ impl Client {
         name: &[u8],
         directory: bool,
         epoch: u64,
-    ) -> Result<(Ino, u32), TalonError> {
+    ) -> Result<DirChange<(Ino, u32)>, TalonError> {
         let p = self.partition_of(parent, name, class);
         let req = requests::remove(
             Header::new(p, ReadKind::Write, epoch),
@@ -378,7 +378,8 @@ impl Client {
         // Whatever the answer, what this client believed about the name is in doubt.
         self.cache().remove_dentry(parent, name);
         self.changed_dir(parent);
-        let (ino, nlink) = replies::remove(r?);
+        let gone = replies::remove(r?);
+        let ino = gone.value.0;
         // The inode's link count changed at its own home, which may be another partition.
         self.note_write(ino.home());
         if directory {
@@ -387,7 +388,7 @@ impl Client {
             // Other names of the inode now show another link count.
             self.cache().forget_attr(ino);
         }
-        Ok((ino, nlink))
+        Ok(gone)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -559,6 +560,17 @@ impl Client {
         name: &[u8],
         spec: CreateSpec,
     ) -> Result<(Attr, bool), TalonError> {
+        Ok(self.create_in(parent, name, spec).await?.value)
+    }
+
+    /// As [`Client::create_entry`], with `parent`'s attributes after the create when the
+    /// answer carries them (see [`DirChange`]).
+    pub async fn create_in(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        spec: CreateSpec,
+    ) -> Result<DirChange<(Attr, bool)>, TalonError> {
         spec.check(name)?;
         let spec = &spec;
         self.settle_in(parent, |class, epoch| async move {
@@ -575,6 +587,17 @@ impl Client {
         name: &[u8],
         directory: bool,
     ) -> Result<(Ino, u32), TalonError> {
+        Ok(self.remove_in(parent, name, directory).await?.value)
+    }
+
+    /// As [`Client::remove`], with `parent`'s attributes after the remove when the answer
+    /// carries them (see [`DirChange`]).
+    pub async fn remove_in(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        directory: bool,
+    ) -> Result<DirChange<(Ino, u32)>, TalonError> {
         check_name(name)?;
         self.settle_in(parent, |class, epoch| {
             self.rpc_remove(parent, class, name, directory, epoch)

@@ -248,7 +248,7 @@ impl Client {
                     .rpc_create(parent.ino, parent.class, name, &spec, epoch)
                     .await
                 {
-                    Ok((attr, _)) => attr,
+                    Ok(made) => made.value.0,
                     // Someone else made it between our lookup and create.
                     Err(e) if opts.parents && e.errno() == Errno::EEXIST => {
                         let a = self.lookup_strict(parent, name, epoch).await?;
@@ -306,6 +306,7 @@ impl Client {
             Ok(self
                 .rpc_create(dir.ino, dir.class, name, spec, epoch)
                 .await?
+                .value
                 .0)
         })
         .await

@@ -9,6 +9,17 @@ pub use talon_model::{SetAttr, TimeSet};
 
 pub use talon_model::flags::{RenameFlags, XattrFlags};
 
+/// What a change to a directory's entries (a create or a remove) answered: its result, and
+/// the directory's attributes after it when the answering node could tell them without
+/// another request (it leads the directory's home); `None` otherwise.
+#[derive(Clone, Debug)]
+pub struct DirChange<T> {
+    /// What the change returns.
+    pub value: T,
+    /// The directory's attributes right after the change, if the answer carried them.
+    pub dir: Option<Attr>,
+}
+
 /// Usage figures, summed over the partitions asked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatFs {

@@ -591,6 +591,7 @@ impl Applier {
                     rec.attr.mtime = rec.attr.mtime.max(*now);
                     rec.attr.ctime = rec.attr.ctime.max(*now);
                     v.put(keys::inode(*dir), enc(&rec));
+                    out.attrs.push((*dir, Some(rec.attr)));
                 }
                 Op::WriteBody { ino, data, now, .. } => {
                     let Some(mut rec) = v.inode(*ino)? else {

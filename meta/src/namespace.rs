@@ -128,6 +128,21 @@ pub struct Created {
     /// True if this request made the entry (or an earlier copy of it did); false if a
     /// create without `exclusive` found a regular file of that name and answers it.
     pub new: bool,
+    /// The parent's attributes after this create, when this node leads the parent's home
+    /// (see [`Node::dir_attr_here`]).
+    pub parent: Option<Attr>,
+}
+
+/// What a remove answers.
+#[derive(Debug)]
+pub struct Removed {
+    /// The removed entry's ino.
+    pub ino: Ino,
+    /// Its link count after the removal (0 for a directory).
+    pub nlink: u32,
+    /// The parent's attributes after this remove, when this node leads the parent's home
+    /// (see [`Node::dir_attr_here`]).
+    pub parent: Option<Attr>,
 }
 
 /// The namespace of a node: guards, lookup, create, remove, link and readdir on the
@@ -487,12 +502,14 @@ impl<'a> Namespace<'a> {
                     o.new_inos.first().copied().ok_or_else(|| {
                         TalonError::Unavailable("create allocated no inode".into())
                     })?;
-                if parent.home() != part.id {
+                let parent_attr = if parent.home() != part.id {
                     let nlink = i32::from(spec.kind == FileKind::Directory);
                     self.node
                         .touch_parent(parent, nlink, crate::clock::now())
-                        .await;
-                }
+                        .await
+                } else {
+                    self.node.dir_attr_here(parent, o.attr(parent))
+                };
                 let attr = o.attr(ino).cloned().ok_or_else(|| {
                     TalonError::Unavailable("create returned no attributes".into())
                 })?;
@@ -500,6 +517,7 @@ impl<'a> Namespace<'a> {
                     attr,
                     epoch: o.epoch,
                     new: true,
+                    parent: parent_attr,
                 })
             }
             CommandResult::Failed(crate::types::ApplyError::Posix(errno, msg))
@@ -516,6 +534,7 @@ impl<'a> Namespace<'a> {
                         attr,
                         epoch: e,
                         new: true,
+                        parent: None,
                     });
                 }
                 match attr.kind {
@@ -527,6 +546,7 @@ impl<'a> Namespace<'a> {
                         attr,
                         epoch: e,
                         new: false,
+                        parent: None,
                     }),
                 }
             }
@@ -622,12 +642,16 @@ impl<'a> Namespace<'a> {
 
     /// What a remove answers once applied: the inode it removed and that inode's link
     /// count now.
-    async fn removed(&self, rec: RequestRec) -> Result<(Ino, u32), TalonError> {
+    async fn removed(&self, rec: RequestRec) -> Result<Removed, TalonError> {
         let nlink = match self.read_inode(rec.ino).await {
             Ok(Some(r)) if r.attr.kind != FileKind::Directory => r.attr.nlink,
             _ => 0,
         };
-        Ok((rec.ino, nlink))
+        Ok(Removed {
+            ino: rec.ino,
+            nlink,
+            parent: None,
+        })
     }
 
     /// Unlinks a non-directory (`directory == false`) or removes an empty directory.
@@ -640,7 +664,7 @@ impl<'a> Namespace<'a> {
         name: &[u8],
         directory: bool,
         request: u64,
-    ) -> Result<(Ino, u32), TalonError> {
+    ) -> Result<Removed, TalonError> {
         check_name(name)?;
         let part = self.node.local(p)?;
         replan("remove", 20, || async {
@@ -660,7 +684,7 @@ impl<'a> Namespace<'a> {
         name: &[u8],
         directory: bool,
         request: u64,
-    ) -> Result<(Ino, u32), TalonError> {
+    ) -> Result<Removed, TalonError> {
         // Refuses an entry this partition does not hold (class changed, not hosted).
         let (class, _) = self.entry_class(part, parent, name).await?;
         // The entry read below only plans the remove: where it applies, `ExpectDentry`
@@ -739,13 +763,20 @@ impl<'a> Namespace<'a> {
         let out = Txns::new(self.node)
             .run_ops(p, parts, || async { Ok(()) })
             .await?;
-        if !(single && parent.home() == p) {
+        let parent_attr = if single && parent.home() == p {
+            self.node
+                .dir_attr_here(parent, outcome_attr(&out, parent).as_ref())
+        } else {
             self.node
                 .touch_parent(parent, -i32::from(directory), now)
-                .await;
-        }
+                .await
+        };
         let nlink = outcome_attr(&out, d.ino).map(|a| a.nlink).unwrap_or(0);
-        Ok((d.ino, nlink))
+        Ok(Removed {
+            ino: d.ino,
+            nlink,
+            parent: parent_attr,
+        })
     }
 
     /// Links inode `ino` as `(np, nn)`; served by the new entry's partition.

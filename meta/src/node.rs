@@ -651,19 +651,41 @@ impl Node {
     /// leads is queued instead (see `dir_touch`: reads here show it at once, the flush
     /// proposes it within 50 ms), so a create costs one commit, not two. An update whose
     /// proposal fails (a leader change) is queued too.
-    pub async fn touch_parent(&self, dir: Ino, nlink: i32, now: Time) {
+    ///
+    /// Returns the directory's attributes after the update, as reads here show them, when
+    /// this node leads its home (see [`Node::dir_attr_here`]), so the change's answer can
+    /// carry them; None otherwise.
+    pub async fn touch_parent(&self, dir: Ino, nlink: i32, now: Time) -> Option<Attr> {
         if nlink == 0 && self.leads_relaxed_dir(dir) {
             self.dir_touches.add(dir, 0, now);
-            return;
+            return self.dir_attr_here(dir, None);
         }
         let cmd = Command::Atomic(vec![Op::TouchDir { dir, nlink, now }]);
         match self.propose_on(dir.home(), cmd).await {
-            Ok(_) => {}
+            Ok(CommandResult::Applied(o)) => self.dir_attr_here(dir, o.attr(dir)),
+            Ok(_) => None,
             Err(e) => {
                 tracing::debug!(%dir, "directory update queued instead: {e}");
                 self.dir_touches.add(dir, nlink, now);
+                None
             }
         }
+    }
+
+    /// Directory `dir`'s attributes as a read here answers them, with the updates queued
+    /// here: `applied` (what a proposal on its home just returned) or, without it, what
+    /// its home's store holds. None unless this node leads `dir`'s home: another node's
+    /// queue may hold updates this one cannot see.
+    pub fn dir_attr_here(&self, dir: Ino, applied: Option<&Attr>) -> Option<Attr> {
+        let part = self.local(dir.home()).ok()?;
+        if part.leader() != Some(self.config.node_id) {
+            return None;
+        }
+        let attr = match applied {
+            Some(a) => a.clone(),
+            None => part.store.read(|v| v.inode(dir)).ok()??.attr,
+        };
+        Some(self.with_queued_touches(attr))
     }
 
     /// True if this node leads `dir`'s home partition and `dir` is a relaxed directory

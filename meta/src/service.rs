@@ -202,6 +202,7 @@ impl NamespaceSvc for Api {
             attr: attr_reply(&attr),
             epoch,
             created: false,
+            parent: None,
         }))
     }
 
@@ -247,13 +248,14 @@ impl NamespaceSvc for Api {
             attr: attr_reply(&made.attr),
             epoch: made.epoch,
             created: made.new,
+            parent: made.parent.as_ref().and_then(attr_reply),
         }))
     }
 
     async fn remove(&self, r: Request<pb::RemoveRequest>) -> Res<pb::RemoveReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        let (ino, nlink) = Namespace::new(&self.node)
+        let gone = Namespace::new(&self.node)
             .remove(
                 h.partition,
                 h.epoch,
@@ -263,7 +265,11 @@ impl NamespaceSvc for Api {
                 r.request_id,
             )
             .await?;
-        Ok(Response::new(pb::RemoveReply { ino: ino.0, nlink }))
+        Ok(Response::new(pb::RemoveReply {
+            ino: gone.ino.0,
+            nlink: gone.nlink,
+            parent: gone.parent.as_ref().and_then(attr_reply),
+        }))
     }
 
     async fn rename(&self, r: Request<pb::RenameRequest>) -> Res<pb::RenameReply> {
@@ -301,6 +307,7 @@ impl NamespaceSvc for Api {
             attr: attr_reply(&attr),
             epoch,
             created: false,
+            parent: None,
         }))
     }
 

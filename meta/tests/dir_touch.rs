@@ -151,3 +151,42 @@ async fn a_directory_update_being_flushed_still_shows() {
     }
     cluster.shutdown().await;
 }
+
+/// A name in `dir` whose entry lives on `dir`'s own partition.
+fn home_name(dir: Ino, prefix: &str) -> Vec<u8> {
+    (0..)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .find(|n| entry_partition(dir, n, Class::Relaxed, PARTITIONS) == dir.home())
+        .expect("a name placed with the directory")
+}
+
+/// A create's and a remove's answers carry the directory's attributes after the change,
+/// as a read of the directory then shows them: whether the directory is updated in the
+/// change's own commit (an entry on its home partition), by a queued update (a file entry
+/// elsewhere) or by a second commit (a subdirectory elsewhere). The mount shows them for
+/// its own change instead of asking for them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_answers_with_the_directory_as_reads_show_it() {
+    let (cluster, c, d) = one_node_with_dir().await;
+    for (what, name, spec) in [
+        ("file here", home_name(d, "f"), CreateSpec::file(0o644)),
+        ("file away", away_name(d, "g"), CreateSpec::file(0o644)),
+        ("dir here", home_name(d, "s"), CreateSpec::dir(0o755, None)),
+        ("dir away", away_name(d, "t"), CreateSpec::dir(0o755, None)),
+    ] {
+        let before = c.getattr(d).await.expect("getattr");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let made = c.create_in(d, &name, spec.clone()).await.expect("create");
+        let shown = c.getattr(d).await.expect("getattr");
+        assert_eq!(made.dir.as_ref(), Some(&shown), "{what}: create");
+        assert!(shown.mtime > before.mtime, "{what}: create moved the mtime");
+        let directory = spec.kind == talon_model::FileKind::Directory;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let gone = c.remove_in(d, &name, directory).await.expect("remove");
+        let after = c.getattr(d).await.expect("getattr");
+        assert_eq!(gone.dir.as_ref(), Some(&after), "{what}: remove");
+        assert!(after.mtime > shown.mtime, "{what}: remove moved the mtime");
+        assert_eq!(after.nlink, before.nlink, "{what}: link count back");
+    }
+    cluster.shutdown().await;
+}

@@ -8,7 +8,7 @@ use crate::cluster_map::{
     DEFAULT_SMALL_FILE_MAX,
 };
 use crate::data::Opened;
-use crate::types::{DirEntry, NodeSpace, PartitionStatus, StatFs};
+use crate::types::{DirChange, DirEntry, NodeSpace, PartitionStatus, StatFs};
 use std::time::Duration;
 use talon_model::{Attr, FileKind, Ino, Layout, TalonError};
 use talon_proto::v1 as pb;
@@ -38,14 +38,26 @@ pub(crate) fn entry(r: pb::EntryReply) -> Stamped<Attr> {
     }
 }
 
-/// `EntryReply` to `Create`: the entry's attributes, and whether the create made it.
-pub(crate) fn created(r: pb::EntryReply) -> Stamped<(Attr, bool)> {
+/// `EntryReply` to `Create`: the entry's attributes and whether the create made it, with
+/// the parent's attributes if the reply carries them.
+pub(crate) fn created(mut r: pb::EntryReply) -> Stamped<DirChange<(Attr, bool)>> {
     let new = r.created;
+    let dir = dir_after(r.parent.take());
     let Stamped { epoch, value } = entry(r);
     Stamped {
         epoch,
-        value: value.map(|a| (a, new)),
+        value: value.map(|a| DirChange {
+            value: (a, new),
+            dir,
+        }),
     }
+}
+
+/// The parent directory's attributes a create or remove reply may carry. Optional: one
+/// that is malformed is as good as absent (the caller asks for them when it needs them).
+fn dir_after(a: Option<pb::Attr>) -> Option<Attr> {
+    a.and_then(|a| Attr::try_from(a).ok())
+        .filter(|a| a.kind == FileKind::Directory)
 }
 
 /// `AttrReply`: the inode's attributes.
@@ -53,9 +65,13 @@ pub(crate) fn attr(r: pb::AttrReply) -> Result<Attr, TalonError> {
     attr_of(r.attr)
 }
 
-/// `RemoveReply`: the removed entry's ino and its link count after the removal.
-pub(crate) fn remove(r: pb::RemoveReply) -> (Ino, u32) {
-    (Ino(r.ino), r.nlink)
+/// `RemoveReply`: the removed entry's ino and its link count after the removal, with the
+/// parent's attributes if the reply carries them.
+pub(crate) fn remove(r: pb::RemoveReply) -> DirChange<(Ino, u32)> {
+    DirChange {
+        value: (Ino(r.ino), r.nlink),
+        dir: dir_after(r.parent),
+    }
 }
 
 /// `RenameReply`: the namespace epoch after the rename.
