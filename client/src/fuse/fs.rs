@@ -10,7 +10,9 @@
 //! the kernel for no flush at all (`open_flags`), and a flush of a handle with nothing to
 //! commit is answered here too. So is the kernel's `security.capability` check before the
 //! first write to a relaxed file this mount has just created (it has no xattrs yet; see
-//! `Shared::fresh`). A lookup, a getattr, a read and a write start in the session thread
+//! `Shared::fresh`), and so is the kernel's getattr of a relaxed directory right after this
+//! mount's own create or remove in it, from the attributes that change's answer carried
+//! (`Shared::own_dirs`). A lookup, a getattr, a read and a write start in the session thread
 //! and finish there when nothing makes them wait (a relaxed read that the node in this
 //! very process, `talon up`'s, answers at once; a write the handle only buffers); one that
 //! must wait (the network, a ReadIndex, a lock) goes on in the runtime. Ordering
@@ -44,7 +46,7 @@ use super::convert::{errno, file_attr, file_type, mknod_kind, negative_entry, ta
 use super::data::{self, OpenFile};
 use super::handles::{DirListing, HandleTable, ListedEntry};
 use crate::client::Client;
-use crate::types::{CreateSpec, RenameFlags, SetAttr, TimeSet, XattrFlags};
+use crate::types::{CreateSpec, DirChange, RenameFlags, SetAttr, TimeSet, XattrFlags};
 use dashmap::{DashMap, DashSet};
 use fuser::{
     AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
@@ -57,6 +59,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
@@ -102,6 +105,28 @@ pub(crate) struct Shared {
     /// is answered in the session thread, for at most the relaxed TTL after the create (the
     /// staleness another client's xattr may have anyway).
     fresh: DashMap<Ino, Instant>,
+    /// Relaxed directories' attributes as this mount's own last create or remove in them
+    /// left them (its answer carries them, see [`DirChange`]). The kernel drops a
+    /// directory's attributes at every change in it and, checking permissions, asks for
+    /// them again before the next one: for the relaxed TTL that question is answered from
+    /// here, not by a replica, and a create or a remove costs one request to the cluster
+    /// fewer. The kernel serialises the changes to one directory's entries (it holds the
+    /// directory's lock), so the last answer is the newest. Every other change this mount
+    /// makes to a directory forgets it (setattr, xattrs, a link into it), and so does a
+    /// change whose answer carries nothing or that failed.
+    own_dirs: DashMap<Ino, OwnDir>,
+    /// Renames this mount has begun or finished. A rename moves a directory without
+    /// holding that directory's lock, so it may overlap a change in it: an attribute in
+    /// `own_dirs` is served only while this count is what it was when its change began.
+    renames: AtomicU64,
+}
+
+/// A directory's attributes after this mount's own change to its entries (`own_dirs`).
+struct OwnDir {
+    attr: Attr,
+    at: Instant,
+    /// `Shared::renames` when the change began.
+    renames: u64,
 }
 
 /// Directories remembered in `dir_modes` before it is emptied and refilled on demand.
@@ -134,6 +159,8 @@ impl TalonFs {
                 dir_modes: DashMap::new(),
                 relaxed: DashSet::new(),
                 fresh: DashMap::new(),
+                own_dirs: DashMap::new(),
+                renames: AtomicU64::new(0),
             }),
         }
     }
@@ -348,8 +375,78 @@ impl Shared {
         a
     }
 
+    /// Creates `name` in `parent`, noting what the answer says of `parent`.
+    async fn create_in(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        spec: CreateSpec,
+    ) -> Result<Attr, TalonError> {
+        let begun = self.dir_change_begins();
+        let made = self.client.create_in(parent, name, spec).await;
+        self.note_dir_change(parent, begun, &made);
+        Ok(made?.value.0)
+    }
+
+    /// Removes `name` from `parent` (rmdir semantics when `directory`), noting what the
+    /// answer says of `parent`.
+    async fn remove_in(&self, parent: Ino, name: &[u8], directory: bool) -> Result<(), TalonError> {
+        let begun = self.dir_change_begins();
+        let gone = self.client.remove_in(parent, name, directory).await;
+        self.note_dir_change(parent, begun, &gone);
+        let (ino, _) = gone?.value;
+        if directory {
+            self.forget_dir(ino);
+        }
+        Ok(())
+    }
+
+    /// The count of renames to pass to [`Shared::note_dir_change`] for a change that
+    /// begins now.
+    fn dir_change_begins(&self) -> u64 {
+        self.renames.load(Ordering::Acquire)
+    }
+
+    /// Records what a create or remove in `dir`, begun at rename count `renames`, answered
+    /// about `dir` (nothing if it failed).
+    fn note_dir_change<T>(&self, dir: Ino, renames: u64, r: &Result<DirChange<T>, TalonError>) {
+        match r {
+            Ok(DirChange {
+                dir: Some(attr), ..
+            }) if attr.ino == dir && attr.class == Class::Relaxed => {
+                if self.own_dirs.len() >= DIR_MODES_MAX {
+                    self.own_dirs.clear();
+                }
+                let own = OwnDir {
+                    attr: attr.clone(),
+                    at: Instant::now(),
+                    renames,
+                };
+                self.own_dirs.insert(dir, own);
+            }
+            _ => self.forget_dir(dir),
+        }
+    }
+
+    /// Forgets what `own_dirs` holds for `dir` (a change whose effect on it is not known).
+    fn forget_dir(&self, dir: Ino) {
+        self.own_dirs.remove(&dir);
+    }
+
+    /// Relaxed directory `dir`'s attributes after this mount's last change in it, if that
+    /// was within the relaxed TTL and no rename began since.
+    fn own_dir(&self, dir: Ino) -> Option<Attr> {
+        let own = self.own_dirs.get(&dir)?;
+        let fresh = own.at.elapsed() < self.ttls.relaxed
+            && own.renames == self.renames.load(Ordering::Acquire);
+        fresh.then(|| own.attr.clone())
+    }
+
     async fn getattr(&self, i: Ino) -> Result<Attr, TalonError> {
         let got = if self.relaxed.contains(&i) {
+            if let Some(a) = self.own_dir(i) {
+                return Ok(a);
+            }
             self.client.getattr_relaxed(i).await
         } else {
             self.client.getattr(i).await
@@ -623,7 +720,9 @@ impl Filesystem for TalonFs {
                     s.getattr(i).await
                 }
             };
-            match r.await {
+            let r = r.await;
+            s.forget_dir(i);
+            match r {
                 Ok(a) => s.attr(reply, &a),
                 Err(e) => reply.error(errno("setattr", &e)),
             }
@@ -660,7 +759,7 @@ impl Filesystem for TalonFs {
                 owner: Some(owner),
                 ..CreateSpec::node(kind, mode & !umask & 0o7777, u64::from(rdev))
             };
-            match s.client.create(ino(parent), &name, spec).await {
+            match s.create_in(ino(parent), &name, spec).await {
                 Ok(a) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("mknod", &e)),
             }
@@ -687,7 +786,7 @@ impl Filesystem for TalonFs {
                 owner: Some(owner),
                 ..CreateSpec::dir((mode & !umask & 0o7777) | inherited, class)
             };
-            match s.client.create(parent, &name, spec).await {
+            match s.create_in(parent, &name, spec).await {
                 Ok(a) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("mkdir", &e)),
             }
@@ -698,8 +797,8 @@ impl Filesystem for TalonFs {
         let name = name_of(name);
         self.spawn(move |s| async move {
             s.preserve_open(ino(parent), &name).await;
-            match s.client.remove(ino(parent), &name, false).await {
-                Ok(_) => reply.ok(),
+            match s.remove_in(ino(parent), &name, false).await {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("unlink", &e)),
             }
         });
@@ -708,8 +807,8 @@ impl Filesystem for TalonFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name_of(name);
         self.spawn(move |s| async move {
-            match s.client.remove(ino(parent), &name, true).await {
-                Ok(_) => reply.ok(),
+            match s.remove_in(ino(parent), &name, true).await {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("rmdir", &e)),
             }
         });
@@ -732,7 +831,7 @@ impl Filesystem for TalonFs {
                 owner: Some(owner),
                 ..CreateSpec::symlink(target)
             };
-            match s.client.create(ino(parent), &name, spec).await {
+            match s.create_in(ino(parent), &name, spec).await {
                 Ok(a) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("symlink", &e)),
             }
@@ -763,11 +862,13 @@ impl Filesystem for TalonFs {
             if !flags.exchange {
                 s.preserve_open(ino(newparent), &newname).await;
             }
-            match s
+            s.renames.fetch_add(1, Ordering::AcqRel);
+            let r = s
                 .client
                 .rename_entry(ino(parent), &name, ino(newparent), &newname, flags)
-                .await
-            {
+                .await;
+            s.renames.fetch_add(1, Ordering::AcqRel);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("rename", &e)),
             }
@@ -784,7 +885,9 @@ impl Filesystem for TalonFs {
     ) {
         let name = name_of(newname);
         self.spawn(move |s| async move {
-            match s.client.link(ino(i), ino(newparent), &name).await {
+            let r = s.client.link(ino(i), ino(newparent), &name).await;
+            s.forget_dir(ino(newparent));
+            match r {
                 Ok(a) => {
                     let a = s.with_open_size(a);
                     s.entry(reply, &a)
@@ -1098,7 +1201,9 @@ impl Filesystem for TalonFs {
                 }
                 s.client.setxattr(ino(i), &name, &value, flags).await
             };
-            match r.await {
+            let r = r.await;
+            s.forget_dir(ino(i));
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("setxattr", &e)),
             }
@@ -1165,7 +1270,9 @@ impl Filesystem for TalonFs {
                 }
                 s.client.removexattr(ino(i), &name).await
             };
-            match r.await {
+            let r = r.await;
+            s.forget_dir(ino(i));
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("removexattr", &e)),
             }
@@ -1207,7 +1314,10 @@ impl Filesystem for TalonFs {
                     exclusive: flags & libc::O_EXCL != 0,
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
-                let (a, new) = s.client.create_entry(ino(parent), &name, spec).await?;
+                let begun = s.dir_change_begins();
+                let made = s.client.create_in(ino(parent), &name, spec).await;
+                s.note_dir_change(ino(parent), begun, &made);
+                let (a, new) = made?.value;
                 let made = Instant::now();
                 let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
                 // Only with a handle: its release ends the entry.
