@@ -375,17 +375,18 @@ impl Shared {
         a
     }
 
-    /// Creates `name` in `parent`, noting what the answer says of `parent`.
+    /// Creates `name` in `parent`, noting what the answer says of `parent`. Returns the
+    /// entry's attributes and whether this call made it (see [`Client::create_entry`]).
     async fn create_in(
         &self,
         parent: Ino,
         name: &[u8],
         spec: CreateSpec,
-    ) -> Result<Attr, TalonError> {
+    ) -> Result<(Attr, bool), TalonError> {
         let begun = self.dir_change_begins();
         let made = self.client.create_in(parent, name, spec).await;
         self.note_dir_change(parent, begun, &made);
-        Ok(made?.value.0)
+        Ok(made?.value)
     }
 
     /// Removes `name` from `parent` (rmdir semantics when `directory`), noting what the
@@ -760,7 +761,7 @@ impl Filesystem for TalonFs {
                 ..CreateSpec::node(kind, mode & !umask & 0o7777, u64::from(rdev))
             };
             match s.create_in(ino(parent), &name, spec).await {
-                Ok(a) => s.entry(reply, &a),
+                Ok((a, _)) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("mknod", &e)),
             }
         });
@@ -787,7 +788,7 @@ impl Filesystem for TalonFs {
                 ..CreateSpec::dir((mode & !umask & 0o7777) | inherited, class)
             };
             match s.create_in(parent, &name, spec).await {
-                Ok(a) => s.entry(reply, &a),
+                Ok((a, _)) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("mkdir", &e)),
             }
         });
@@ -832,7 +833,7 @@ impl Filesystem for TalonFs {
                 ..CreateSpec::symlink(target)
             };
             match s.create_in(ino(parent), &name, spec).await {
-                Ok(a) => s.entry(reply, &a),
+                Ok((a, _)) => s.entry(reply, &a),
                 Err(e) => reply.error(errno("symlink", &e)),
             }
         });
@@ -1314,10 +1315,7 @@ impl Filesystem for TalonFs {
                     exclusive: flags & libc::O_EXCL != 0,
                     ..CreateSpec::file(mode & !umask & 0o7777)
                 };
-                let begun = s.dir_change_begins();
-                let made = s.client.create_in(ino(parent), &name, spec).await;
-                s.note_dir_change(ino(parent), begun, &made);
-                let (a, new) = made?.value;
+                let (a, new) = s.create_in(ino(parent), &name, spec).await?;
                 let made = Instant::now();
                 let (fh, fflags, a) = s.open_file(a.ino, flags, Some(a)).await?;
                 // Only with a handle: its release ends the entry.
