@@ -15,7 +15,9 @@
 //! the parent before the change is answered, so the client that made the change sees it
 //! at once: by a second proposal on the parent's home, or, for a file entry in a relaxed
 //! directory whose home this node leads, by queueing the update for the next flush (within
-//! 50 ms) while every read of the directory here shows it (`dir_touch`).
+//! 50 ms) while every read of the directory here shows it (`dir_touch`). A create's or a
+//! remove's answer carries the parent's attributes after it when this node leads the
+//! parent's home (`Node::dir_attr_here`), so the client need not read them again.
 //!
 //! Renames, removes, links and xattr changes take effect at most once per client request:
 //! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its
