@@ -10,8 +10,8 @@ pub use talon_model::{SetAttr, TimeSet};
 pub use talon_model::flags::{RenameFlags, XattrFlags};
 
 /// What a change to a directory's entries (a create or a remove) answered: its result, and
-/// the directory's attributes after it when the answering node could tell them without
-/// another request (it leads the directory's home); `None` otherwise.
+/// the directory's attributes after it as the leader of the directory's home answered
+/// them; `None` when they are not known.
 #[derive(Clone, Debug)]
 pub struct DirChange<T> {
     /// What the change returns.

@@ -6,8 +6,9 @@
 //! every 50 ms, merged into one proposal per home partition:
 //!
 //! - a file entry created, removed or renamed in a *relaxed* directory whose home
-//!   partition this node leads (the hot path of a bulk import or an mdtest create phase:
-//!   a second Raft commit per file otherwise);
+//!   partition this node leads, by this node or by another that served the change and
+//!   asked this one (`PeerRequest::TouchDir`; the hot path of a bulk import or an mdtest
+//!   create phase: a second Raft commit per file otherwise);
 //! - an update whose synchronous proposal failed (a leader change).
 //!
 //! What keeps a queued update invisible to its client:

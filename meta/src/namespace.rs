@@ -13,11 +13,11 @@
 //! Directory attribute updates of a parent (mtime, nlink) are applied in the same proposal
 //! when the parent lives on the entry's partition. Otherwise `Node::touch_parent` updates
 //! the parent before the change is answered, so the client that made the change sees it
-//! at once: by a second proposal on the parent's home, or, for a file entry in a relaxed
-//! directory whose home this node leads, by queueing the update for the next flush (within
-//! 50 ms) while every read of the directory here shows it (`dir_touch`). A create's or a
-//! remove's answer carries the parent's attributes after it when this node leads the
-//! parent's home (`Node::dir_attr_here`), so the client need not read them again.
+//! at once: the home's leader makes a second proposal there or, for a file entry in a
+//! relaxed directory, queues the update for its next flush (within 50 ms) while every read
+//! of the directory there shows it (`dir_touch`). A create's or a remove's answer carries
+//! the parent's attributes after it as that leader answered them (`Node::dir_attr_here`),
+//! so the client need not read them again.
 //!
 //! Renames, removes, links and xattr changes take effect at most once per client request:
 //! a request carrying an id is recorded (`Op::RecordRequest`) in the same commit as its
@@ -130,8 +130,8 @@ pub struct Created {
     /// True if this request made the entry (or an earlier copy of it did); false if a
     /// create without `exclusive` found a regular file of that name and answers it.
     pub new: bool,
-    /// The parent's attributes after this create, when this node leads the parent's home
-    /// (see [`Node::dir_attr_here`]).
+    /// The parent's attributes after this create, as its home's leader answered them (see
+    /// [`Node::dir_attr_here`]); None when they are not known.
     pub parent: Option<Attr>,
 }
 
@@ -142,8 +142,8 @@ pub struct Removed {
     pub ino: Ino,
     /// Its link count after the removal (0 for a directory).
     pub nlink: u32,
-    /// The parent's attributes after this remove, when this node leads the parent's home
-    /// (see [`Node::dir_attr_here`]).
+    /// The parent's attributes after this remove, as its home's leader answered them (see
+    /// [`Node::dir_attr_here`]); None when they are not known.
     pub parent: Option<Attr>,
 }
 

@@ -50,6 +50,10 @@ pub enum PeerRequest {
     ReadDentry(Ino, Vec<u8>),
     /// A file's inode and (small) body, read linearizably at its home.
     ReadFile(Ino),
+    /// Directory `Ino`'s link count moved by `i32` and its times to at least `Time`, after
+    /// a change to its entries on another partition (`Node::touch_parent`), at its home's
+    /// leader; answered with its attributes after, as reads there show them.
+    TouchDir(Ino, i32, Time),
 }
 
 /// The answer to a `PeerRequest`.
@@ -65,6 +69,8 @@ pub enum PeerReply {
     Dentry(Option<crate::records::Dentry>),
     /// A file, if it exists.
     File(Option<crate::reads::OpenFile>),
+    /// A directory's attributes after a `TouchDir`, if known.
+    DirAttr(Option<Attr>),
 }
 
 /// A node and everything it hosts.
@@ -502,6 +508,16 @@ impl Node {
                         .map_err(storage_error)?,
                 ))
             }
+            PeerRequest::TouchDir(dir, nlink, now) => {
+                if dir.home() != p {
+                    return Err(TalonError::Invalid(format!(
+                        "directory {dir} does not live on partition {p}"
+                    )));
+                }
+                Ok(PeerReply::DirAttr(
+                    self.touch_here(part, dir, nlink, now).await?,
+                ))
+            }
         }
     }
 
@@ -646,29 +662,50 @@ impl Node {
     /// Updates directory `dir`'s link count and mtime after a change to its entries made
     /// on another partition than its home, before the change is answered: the client that
     /// made the change then sees the directory's new attributes at once (session
-    /// consistency; in a relaxed directory other clients may see them late, within the
-    /// staleness bound). A file entry's change in a relaxed directory whose home this node
-    /// leads is queued instead (see `dir_touch`: reads here show it at once, the flush
-    /// proposes it within 50 ms), so a create costs one commit, not two. An update whose
-    /// proposal fails (a leader change) is queued too.
+    /// consistency: its reads of the directory go to the home's leader for the session
+    /// window; in a relaxed directory other clients may see them late, within the
+    /// staleness bound). The home's leader does it (`PeerRequest::TouchDir`, answered here
+    /// when that is this node): a file entry's change in a relaxed directory is queued
+    /// there (see `dir_touch`: reads there show it at once, the flush proposes it within
+    /// 50 ms), so a create costs one commit, not two, whichever node serves it; anything
+    /// else is proposed. An update the home's leader did not take (a leader change, a node
+    /// out of reach) is queued here, and this node's flush proposes it.
     ///
-    /// Returns the directory's attributes after the update, as reads here show them, when
-    /// this node leads its home (see [`Node::dir_attr_here`]), so the change's answer can
-    /// carry them; None otherwise.
+    /// Returns the directory's attributes after the update, as reads at its home's leader
+    /// show them (see [`Node::dir_attr_here`]), so the change's answer can carry them; None
+    /// when the update was queued here.
     pub async fn touch_parent(&self, dir: Ino, nlink: i32, now: Time) -> Option<Attr> {
-        if nlink == 0 && self.leads_relaxed_dir(dir) {
-            self.dir_touches.add(dir, 0, now);
-            return self.dir_attr_here(dir, None);
-        }
-        let cmd = Command::Atomic(vec![Op::TouchDir { dir, nlink, now }]);
-        match self.propose_on(dir.home(), cmd).await {
-            Ok(CommandResult::Applied(o)) => self.dir_attr_here(dir, o.attr(dir)),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::debug!(%dir, "directory update queued instead: {e}");
+        let asked = self
+            .peer(dir.home(), PeerRequest::TouchDir(dir, nlink, now))
+            .await;
+        match asked {
+            Ok(PeerReply::DirAttr(attr)) => attr,
+            other => {
+                tracing::debug!(%dir, "directory update queued instead: {other:?}");
                 self.dir_touches.add(dir, nlink, now);
                 None
             }
+        }
+    }
+
+    /// [`Node::touch_parent`] at `dir`'s home `part`, which this node leads (else
+    /// `NotLeader`, and the asker tries the leader): a file entry's change in a relaxed
+    /// directory is queued here, anything else proposed.
+    async fn touch_here(
+        &self,
+        part: &Partition,
+        dir: Ino,
+        nlink: i32,
+        now: Time,
+    ) -> Result<Option<Attr>, TalonError> {
+        if nlink == 0 && self.leads_relaxed_dir(dir) {
+            self.dir_touches.add(dir, 0, now);
+            return Ok(self.dir_attr_here(dir, None));
+        }
+        let cmd = Command::Atomic(vec![Op::TouchDir { dir, nlink, now }]);
+        match part.propose(cmd).await? {
+            CommandResult::Applied(o) => Ok(self.dir_attr_here(dir, o.attr(dir))),
+            _ => Ok(None),
         }
     }
 

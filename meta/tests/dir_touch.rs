@@ -190,3 +190,52 @@ async fn a_change_answers_with_the_directory_as_reads_show_it() {
     }
     cluster.shutdown().await;
 }
+
+/// On three nodes, a file entry's change served by another node than the leader of the
+/// directory's home is queued at that leader too (one commit per create, not two): its
+/// answer carries the directory's attributes as a read there shows them, and the queued
+/// update is stored within the flush period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_served_elsewhere_is_queued_at_the_directorys_home() {
+    let (cluster, c) = common::cluster(3, PARTITIONS).await;
+    let d = c
+        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
+        .await
+        .expect("mkdir")
+        .ino;
+    let home_leader = cluster.leader_of(d.home()).await.expect("home leader");
+    let mut served_elsewhere = 0;
+    for i in 0..40 {
+        let name = format!("f{i}").into_bytes();
+        let p = entry_partition(d, &name, Class::Relaxed, PARTITIONS);
+        if p == d.home() || cluster.leader_of(p).await == Some(home_leader) {
+            continue;
+        }
+        served_elsewhere += 1;
+        let made = c
+            .create_in(d, &name, CreateSpec::file(0o644))
+            .await
+            .expect("create");
+        let shown = c.getattr(d).await.expect("getattr");
+        assert_eq!(made.dir.as_ref(), Some(&shown), "{i}: create");
+        common::eventually(Duration::from_secs(30), "the queued update stored", || {
+            let stored = stored_mtime(&cluster, home_leader, d);
+            async move { stored.filter(|m| *m >= shown.mtime).map(|_| ()) }
+        })
+        .await;
+        let gone = c.remove_in(d, &name, false).await.expect("remove");
+        assert_eq!(
+            gone.dir.as_ref(),
+            Some(&c.getattr(d).await.expect("getattr")),
+            "{i}: remove"
+        );
+        if served_elsewhere == 4 {
+            break;
+        }
+    }
+    assert_eq!(
+        served_elsewhere, 4,
+        "names served away from the home's leader"
+    );
+    cluster.shutdown().await;
+}
