@@ -33,7 +33,12 @@ fn stored_mtime(cluster: &common::TestCluster, node: u64, dir: Ino) -> Option<Ti
 
 /// One node, and a relaxed directory `/data` in it.
 async fn one_node_with_dir() -> (common::TestCluster, talon_client::Client, Ino) {
-    let (cluster, c) = common::cluster(1, PARTITIONS).await;
+    nodes_with_dir(1).await
+}
+
+/// `nodes` nodes (R = 3 from three on), and a relaxed directory `/data` in them.
+async fn nodes_with_dir(nodes: u64) -> (common::TestCluster, talon_client::Client, Ino) {
+    let (cluster, c) = common::cluster(nodes, PARTITIONS).await;
     let d = c
         .create(c.root(), b"data", CreateSpec::dir(0o755, None))
         .await
@@ -197,12 +202,7 @@ async fn a_change_answers_with_the_directory_as_reads_show_it() {
 /// update is stored within the flush period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_served_elsewhere_is_queued_at_the_directorys_home() {
-    let (cluster, c) = common::cluster(3, PARTITIONS).await;
-    let d = c
-        .create(c.root(), b"data", CreateSpec::dir(0o755, None))
-        .await
-        .expect("mkdir")
-        .ino;
+    let (cluster, c, d) = nodes_with_dir(3).await;
     let home_leader = cluster.leader_of(d.home()).await.expect("home leader");
     let mut served_elsewhere = 0;
     for i in 0..40 {
