@@ -9,7 +9,8 @@
 //!   partition this node leads, by this node or by another that served the change and
 //!   asked this one (`PeerRequest::TouchDir`; the hot path of a bulk import or an mdtest
 //!   create phase: a second Raft commit per file otherwise);
-//! - an update whose synchronous proposal failed (a leader change).
+//! - an update the home's leader did not take, asked or proposed (a leader change, a node
+//!   out of reach): queued on the node that served the change.
 //!
 //! What keeps a queued update invisible to its client:
 //!
