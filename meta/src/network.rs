@@ -12,7 +12,7 @@
 //!
 //! An AppendEntries without entries is not sent when the same stream's last append
 //! succeeded just before it with the same vote and the same matching entry (see
-//! [`NetClient::confirmed`]): openraft 0.9 sends one to each follower whenever its commit
+//! `NetClient::confirmed`): openraft 0.9 sends one to each follower whenever its commit
 //! index moves, after every append, and waits for its answer before the next append, so
 //! on a busy group each commit cost two round trips per follower. The follower learns the
 //! commit index from the next append or heartbeat instead, within a heartbeat interval.
@@ -242,7 +242,7 @@ pub struct NetClient {
     confirmed: Option<Confirmed>,
 }
 
-/// A successful append of one stream (see [`NetClient::confirmed`]).
+/// A successful append of one stream (see `NetClient::confirmed`).
 struct Confirmed {
     vote: openraft::Vote<NodeId>,
     matching: Option<openraft::LogId<NodeId>>,
