@@ -72,6 +72,19 @@ fn header(h: Option<pb::RequestHeader>) -> pb::RequestHeader {
     h.unwrap_or_default()
 }
 
+/// The header of a read request, once a session read has passed its barrier
+/// ([`Namespace::session_barrier`]).
+async fn read_header(
+    node: &Node,
+    h: Option<pb::RequestHeader>,
+) -> Result<pb::RequestHeader, Status> {
+    let h = header(h);
+    if h.relaxed_read && h.session_read {
+        Namespace::new(node).session_barrier(h.partition).await?;
+    }
+    Ok(h)
+}
+
 fn attr_reply(a: &Attr) -> Option<pb::Attr> {
     Some(pb::Attr::from(a))
 }
@@ -194,7 +207,7 @@ impl NamespaceSvc for Api {
 
     async fn lookup(&self, r: Request<pb::LookupRequest>) -> Res<pb::EntryReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let (attr, epoch) = Namespace::new(&self.node)
             .lookup(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
             .await?;
@@ -208,7 +221,7 @@ impl NamespaceSvc for Api {
 
     async fn get_attr(&self, r: Request<pb::GetAttrRequest>) -> Res<pb::AttrReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let attr = Attrs::new(&self.node)
             .getattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
             .await?;
@@ -313,7 +326,7 @@ impl NamespaceSvc for Api {
 
     async fn read_dir(&self, r: Request<pb::ReadDirRequest>) -> Res<pb::ReadDirReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         if r.after.len() > talon_model::name::NAME_MAX {
             return Err(TalonError::Invalid("cursor name over 255 bytes".into()).into());
         }
@@ -342,7 +355,7 @@ impl NamespaceSvc for Api {
 
     async fn get_xattr(&self, r: Request<pb::GetXattrRequest>) -> Res<pb::GetXattrReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let value = Attrs::new(&self.node)
             .getxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino), &r.name)
             .await?;
@@ -369,7 +382,7 @@ impl NamespaceSvc for Api {
 
     async fn list_xattr(&self, r: Request<pb::ListXattrRequest>) -> Res<pb::ListXattrReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let names = Attrs::new(&self.node)
             .listxattr(h.partition, h.relaxed_read, h.epoch, Ino(r.ino))
             .await?;
@@ -394,7 +407,7 @@ impl NamespaceSvc for Api {
     }
 
     async fn stat_fs(&self, r: Request<pb::StatFsRequest>) -> Res<pb::StatFsReply> {
-        let h = header(r.into_inner().header);
+        let h = read_header(&self.node, r.into_inner().header).await?;
         let (inodes, entries) = Attrs::new(&self.node)
             .statfs(h.partition, h.relaxed_read)
             .await?;
@@ -429,7 +442,7 @@ impl NamespaceSvc for Api {
 
     async fn read_whole(&self, r: Request<pb::ReadWholeRequest>) -> Res<pb::OpenReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let (file, epoch) = Files::new(&self.node)
             .read_whole(h.partition, h.relaxed_read, h.epoch, Ino(r.parent), &r.name)
             .await?;
@@ -438,7 +451,7 @@ impl NamespaceSvc for Api {
 
     async fn open(&self, r: Request<pb::OpenRequest>) -> Res<pb::OpenReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let file = Files::new(&self.node)
             .open_file(
                 h.partition,
@@ -481,7 +494,7 @@ impl NamespaceSvc for Api {
 
     async fn get_chunk(&self, r: Request<pb::GetChunkRequest>) -> Res<pb::GetChunkReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         let data = Files::new(&self.node)
             .get_chunk(
                 h.partition,
@@ -521,7 +534,7 @@ impl NamespaceSvc for Api {
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {
         let r = r.into_inner();
-        let h = header(r.header);
+        let h = read_header(&self.node, r.header).await?;
         if r.ops.len() > self.max_batch() {
             return Err(TalonError::Invalid(format!(
                 "batch of {} ops exceeds max_batch {}",

@@ -18,6 +18,7 @@ fn hdr(partition: u32) -> Option<pb::RequestHeader> {
         partition,
         epoch: 0,
         relaxed_read: false,
+        session_read: false,
     })
 }
 

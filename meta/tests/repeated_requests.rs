@@ -52,6 +52,7 @@ impl Fx {
             partition: entry_partition(self.dir.ino, name.as_bytes(), self.dir.class, P),
             epoch: 0,
             relaxed_read: false,
+            session_read: false,
         })
     }
 
@@ -186,6 +187,7 @@ async fn a_repeated_xattr_change_answers_as_the_first() {
         partition: f.home(),
         epoch: 0,
         relaxed_read: false,
+        session_read: false,
     });
     let create_only = pb::SetXattrRequest {
         header,

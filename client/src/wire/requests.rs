@@ -38,18 +38,21 @@ impl Header {
                 partition,
                 epoch: 0,
                 relaxed_read: true,
+                session_read: false,
             },
-            // Served like a relaxed read (no ReadIndex), by the leader the router picks, and
-            // checked against the client's epoch like a strict one.
+            // Served like a relaxed read (no ReadIndex), by the leader only (a follower
+            // refuses it), and checked against the client's epoch like a strict one.
             ReadKind::SessionRead => pb::RequestHeader {
                 partition,
                 epoch,
                 relaxed_read: true,
+                session_read: true,
             },
             _ => pb::RequestHeader {
                 partition,
                 epoch,
                 relaxed_read: false,
+                session_read: false,
             },
         })
     }
