@@ -384,12 +384,16 @@ mod tests {
     }
 
     fn heartbeat() -> AppendEntriesRequest<TypeConfig> {
-        AppendEntriesRequest {
-            vote: Vote::new_committed(1, 1),
-            prev_log_id: None,
-            entries: Vec::new(),
-            leader_commit: None,
-        }
+        append(Vote::new_committed(1, 1), None, &[], None)
+    }
+
+    /// A listener on a free loopback port, and its address.
+    async fn listener() -> (tokio::net::TcpListener, String) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        (l, addr)
     }
 
     /// A peer that takes the connection and never answers (a follower stalled on a busy
@@ -397,10 +401,7 @@ mod tests {
     /// listens for is unreachable, which it backs off from.
     #[tokio::test]
     async fn a_silent_peer_times_out_and_a_missing_one_is_unreachable() {
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = silent.local_addr().expect("addr").to_string();
+        let (silent, addr) = listener().await;
         let held = tokio::spawn(async move {
             let mut conns = Vec::new();
             while let Ok((c, _)) = silent.accept().await {
@@ -500,10 +501,7 @@ mod tests {
     /// the window, or follows an answer other than Success, is sent.
     #[tokio::test]
     async fn a_commit_index_alone_right_after_an_append_is_not_sent() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
+        let (listener, addr) = listener().await;
         let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let answer = Arc::new(Mutex::new(AppendEntriesResponse::Success));
         let peer = CountingPeer {

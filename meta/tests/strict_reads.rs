@@ -17,6 +17,14 @@ use tonic::transport::Channel;
 /// One partition, so every entry and inode lives on partition 0.
 const P: u32 = 1;
 
+/// mkdir's options for a directory of class `c`.
+fn class(c: Class) -> MkdirOptions {
+    MkdirOptions {
+        class: Some(c),
+        ..Default::default()
+    }
+}
+
 /// A relaxed read's header; a session read's with `session`.
 fn relaxed_as(session: bool) -> Option<pb::RequestHeader> {
     Some(pb::RequestHeader {
@@ -83,10 +91,6 @@ async fn reads_as(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaxed_read_of_something_strict_is_made_strict() {
     let (cluster, client) = common::cluster(3, P).await;
-    let class = |c| MkdirOptions {
-        class: Some(c),
-        ..Default::default()
-    };
     client
         .mkdir("/s", class(Class::Strict))
         .await
@@ -153,13 +157,7 @@ async fn a_relaxed_read_of_something_strict_is_made_strict() {
 async fn a_session_read_is_refused_by_a_follower() {
     let (cluster, client) = common::cluster(3, P).await;
     client
-        .mkdir(
-            "/r",
-            MkdirOptions {
-                class: Some(Class::Relaxed),
-                ..Default::default()
-            },
-        )
+        .mkdir("/r", class(Class::Relaxed))
         .await
         .expect("mkdir /r");
     let file = client
