@@ -15,7 +15,8 @@
 //! `NetClient::confirmed`): openraft 0.9 sends one to each follower whenever its commit
 //! index moves, after every append, and waits for its answer before the next append, so
 //! on a busy group each commit cost two round trips per follower. The follower learns the
-//! commit index from the next append or heartbeat instead, within a heartbeat interval.
+//! commit index from the next append or from a heartbeat instead: within one and a half
+//! heartbeat intervals, as a heartbeat inside the window is answered here too.
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
