@@ -17,67 +17,81 @@ use tonic::transport::Channel;
 /// One partition, so every entry and inode lives on partition 0.
 const P: u32 = 1;
 
-/// mkdir's options for a directory of class `c`.
-fn class(c: Class) -> MkdirOptions {
-    MkdirOptions {
+/// Directory `dir` of class `c` with a file `f` in it: their attributes.
+async fn dir_with_file(
+    client: &talon_client::Client,
+    dir: &str,
+    c: Class,
+) -> (talon_client::Attr, talon_client::Attr) {
+    let options = MkdirOptions {
         class: Some(c),
         ..Default::default()
-    }
+    };
+    client.mkdir(dir, options).await.expect("mkdir");
+    let file = client
+        .create_file(&format!("{dir}/f"), 0o644)
+        .await
+        .expect("create f");
+    (client.stat(dir).await.expect("stat"), file)
 }
 
-/// A relaxed read's header; a session read's with `session`.
-fn relaxed_as(session: bool) -> Option<pb::RequestHeader> {
-    Some(pb::RequestHeader {
-        partition: 0,
-        epoch: 0,
-        relaxed_read: true,
-        session_read: session,
-    })
+/// A raw client of node `n`'s namespace service.
+async fn connect(cluster: &common::TestCluster, n: u64) -> NamespaceClient<Channel> {
+    let addr = &cluster.addrs()[(n - 1) as usize];
+    NamespaceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
 }
 
-/// What relaxed-flagged reads of `ino` answer at `raw` (`Ok` if served, else the error):
-/// a lookup of `name` and a listing (of a directory), a getattr, listxattr and open.
-async fn reads(raw: &NamespaceClient<Channel>, ino: u64, name: &str) -> Vec<Result<(), String>> {
-    reads_as(raw, ino, name, false).await
-}
+/// The reads [`reads`] makes, in its order.
+const READS: [&str; 5] = ["lookup", "readdir", "getattr", "listxattr", "open"];
 
-/// [`reads`], as session reads if `session`.
-async fn reads_as(
+/// What relaxed-flagged reads answer at `raw` (`Ok` if served, else the error): a lookup of
+/// `f` in directory `dir` and a listing of it, a getattr, listxattr and open of `file`;
+/// session reads if `session`.
+async fn reads(
     raw: &NamespaceClient<Channel>,
-    ino: u64,
-    name: &str,
+    dir: u64,
+    file: u64,
     session: bool,
 ) -> Vec<Result<(), String>> {
-    let relaxed = || relaxed_as(session);
     fn done<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Result<(), String> {
         r.map(|_| ())
             .map_err(|s| format!("{:?}", TalonError::from(s)))
     }
+    let header = || {
+        Some(pb::RequestHeader {
+            partition: 0,
+            epoch: 0,
+            relaxed_read: true,
+            session_read: session,
+        })
+    };
     let mut raw = raw.clone();
     let lookup = pb::LookupRequest {
-        header: relaxed(),
-        parent: ino,
-        name: name.as_bytes().to_vec(),
-    };
-    let getattr = pb::GetAttrRequest {
-        header: relaxed(),
-        ino,
-    };
-    let list = pb::ListXattrRequest {
-        header: relaxed(),
-        ino,
-    };
-    let open = pb::OpenRequest {
-        header: relaxed(),
-        ino,
-        want_body: false,
+        header: header(),
+        parent: dir,
+        name: b"f".to_vec(),
     };
     let list_dir = pb::ReadDirRequest {
-        header: relaxed(),
-        dir: ino,
+        header: header(),
+        dir,
         after: vec![],
         limit: 16,
         plus: false,
+    };
+    let getattr = pb::GetAttrRequest {
+        header: header(),
+        ino: file,
+    };
+    let list = pb::ListXattrRequest {
+        header: header(),
+        ino: file,
+    };
+    let open = pb::OpenRequest {
+        header: header(),
+        ino: file,
+        want_body: false,
     };
     vec![
         done(raw.lookup(lookup).await),
@@ -91,31 +105,12 @@ async fn reads_as(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaxed_read_of_something_strict_is_made_strict() {
     let (cluster, client) = common::cluster(3, P).await;
-    client
-        .mkdir("/s", class(Class::Strict))
-        .await
-        .expect("mkdir /s");
-    client
-        .mkdir("/r", class(Class::Relaxed))
-        .await
-        .expect("mkdir /r");
-    let strict = client
-        .create_file("/s/f", 0o644)
-        .await
-        .expect("create /s/f");
-    let loose = client
-        .create_file("/r/f", 0o644)
-        .await
-        .expect("create /r/f");
-    let s = client.stat("/s").await.expect("stat /s");
-    let r = client.stat("/r").await.expect("stat /r");
+    let (s, strict) = dir_with_file(&client, "/s", Class::Strict).await;
+    let (r, loose) = dir_with_file(&client, "/r", Class::Relaxed).await;
 
     let leader = common::settled_leader(&cluster, 0).await;
     let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-    let addr = &cluster.addrs()[(follower - 1) as usize];
-    let raw = NamespaceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect to the follower");
+    let raw = connect(&cluster, follower).await;
 
     for _ in 0..5 {
         // The follower serves relaxed reads now: the relaxed directory and its file answer.
@@ -123,22 +118,17 @@ async fn a_relaxed_read_of_something_strict_is_made_strict() {
             Duration::from_secs(30),
             "relaxed reads served by the follower",
             || async {
-                let served = reads(&raw, r.ino.0, "f").await;
-                let file = reads(&raw, loose.ino.0, "").await;
-                (served[..2].iter().all(Result::is_ok) && file[2..].iter().all(Result::is_ok))
-                    .then_some(())
+                let served = reads(&raw, r.ino.0, loose.ino.0, false).await;
+                served.iter().all(Result::is_ok).then_some(())
             },
         )
         .await;
         // The same reads of the strict directory and file are strict ones: refused here.
-        let dir = reads(&raw, s.ino.0, "f").await;
-        let file = reads(&raw, strict.ino.0, "").await;
+        let answers = reads(&raw, s.ino.0, strict.ino.0, false).await;
         if cluster.leader_of(0).await == Some(follower) {
             continue; // leadership moved here meanwhile: a strict read may be served
         }
-        let answers = [&dir[0], &dir[1], &file[2], &file[3], &file[4]];
-        let names = ["lookup", "readdir", "getattr", "listxattr", "open"];
-        for (what, a) in names.iter().zip(answers) {
+        for (what, a) in READS.iter().zip(&answers) {
             let e = a
                 .as_ref()
                 .expect_err(&format!("relaxed {what} of a strict object served"));
@@ -156,61 +146,29 @@ async fn a_relaxed_read_of_something_strict_is_made_strict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_read_is_refused_by_a_follower() {
     let (cluster, client) = common::cluster(3, P).await;
-    client
-        .mkdir("/r", class(Class::Relaxed))
-        .await
-        .expect("mkdir /r");
-    let file = client
-        .create_file("/r/f", 0o644)
-        .await
-        .expect("create /r/f");
-    let r = client.stat("/r").await.expect("stat /r");
-    let connect = |n: u64| {
-        let addr = cluster.addrs()[(n - 1) as usize].clone();
-        async move {
-            NamespaceClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect")
-        }
-    };
-    let all = |dir: Vec<Result<(), String>>, file: Vec<Result<(), String>>| {
-        vec![
-            dir[0].clone(),
-            dir[1].clone(),
-            file[2].clone(),
-            file[3].clone(),
-            file[4].clone(),
-        ]
-    };
+    let (r, file) = dir_with_file(&client, "/r", Class::Relaxed).await;
     for _ in 0..5 {
         let leader = common::settled_leader(&cluster, 0).await;
         let follower = (1..=3).find(|&n| n != leader).expect("a follower");
-        let (at_leader, at_follower) = (connect(leader).await, connect(follower).await);
+        let (at_leader, at_follower) = (
+            connect(&cluster, leader).await,
+            connect(&cluster, follower).await,
+        );
         common::eventually(
             Duration::from_secs(30),
             "relaxed reads served by the follower",
             || async {
-                let served = all(
-                    reads(&at_follower, r.ino.0, "f").await,
-                    reads(&at_follower, file.ino.0, "").await,
-                );
+                let served = reads(&at_follower, r.ino.0, file.ino.0, false).await;
                 served.iter().all(Result::is_ok).then_some(())
             },
         )
         .await;
-        let refused = all(
-            reads_as(&at_follower, r.ino.0, "f", true).await,
-            reads_as(&at_follower, file.ino.0, "", true).await,
-        );
-        let served = all(
-            reads_as(&at_leader, r.ino.0, "f", true).await,
-            reads_as(&at_leader, file.ino.0, "", true).await,
-        );
+        let refused = reads(&at_follower, r.ino.0, file.ino.0, true).await;
+        let served = reads(&at_leader, r.ino.0, file.ino.0, true).await;
         if cluster.leader_of(0).await != Some(leader) {
             continue; // leadership moved meanwhile
         }
-        let names = ["lookup", "readdir", "getattr", "listxattr", "open"];
-        for (what, (no, yes)) in names.iter().zip(refused.iter().zip(&served)) {
+        for (what, (no, yes)) in READS.iter().zip(refused.iter().zip(&served)) {
             let e = no
                 .as_ref()
                 .expect_err(&format!("a follower served a session {what}"));
