@@ -326,10 +326,10 @@ impl NamespaceSvc for Api {
 
     async fn read_dir(&self, r: Request<pb::ReadDirRequest>) -> Res<pb::ReadDirReply> {
         let r = r.into_inner();
-        let h = read_header(&self.node, r.header).await?;
         if r.after.len() > talon_model::name::NAME_MAX {
             return Err(TalonError::Invalid("cursor name over 255 bytes".into()).into());
         }
+        let h = read_header(&self.node, r.header).await?;
         let (entries, more) = Namespace::new(&self.node)
             .readdir(
                 h.partition,
@@ -534,7 +534,6 @@ impl NamespaceSvc for Api {
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {
         let r = r.into_inner();
-        let h = read_header(&self.node, r.header).await?;
         if r.ops.len() > self.max_batch() {
             return Err(TalonError::Invalid(format!(
                 "batch of {} ops exceeds max_batch {}",
@@ -543,6 +542,7 @@ impl NamespaceSvc for Api {
             ))
             .into());
         }
+        let h = read_header(&self.node, r.header).await?;
         let part = self.node.local(h.partition)?;
         // Creates need the leader: say so for the whole RPC rather than once per op.
         let has_writes = r
