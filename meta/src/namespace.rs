@@ -177,8 +177,8 @@ impl<'a> Namespace<'a> {
     /// The barrier of a session read of partition `p` (`RequestHeader.session_read`): its
     /// client changed something there within its session window, which only the leader's
     /// applied state is sure to show. A follower may not know yet that the change
-    /// committed (it learns commit indexes with the next append or heartbeat), so it
-    /// answers NotLeader; a leader that has not applied an entry of its own term, or has
+    /// committed (it hears of a commit from its leader after the leader acknowledged it),
+    /// so it answers NotLeader; a leader that has not applied an entry of its own term, or has
     /// not heard from a quorum within the staleness bound, confirms its leadership first.
     pub async fn session_barrier(&self, p: u32) -> Result<(), TalonError> {
         let part = self.node.local(p)?;
