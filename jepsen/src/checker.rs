@@ -538,12 +538,16 @@ pub fn check_links(events: &[Event], lenient: Leniency) -> Verdict {
     check_keyed::<LinkedFile>(events, lenient)
 }
 
-/// Checks the set workload: the last successful listing holds every acknowledged create,
+/// Checks the set workload: every read back of a file whose add had been acknowledged
+/// before the read began finds it, holding its name (the one client's own change, seen at
+/// once and ever after); the last successful listing holds every acknowledged create,
 /// nothing never attempted, and nothing whose create certainly failed.
 pub fn check_set(events: &[Event]) -> Verdict {
     let ops = pair(events);
     let mut attempted = BTreeSet::new();
     let mut acked = BTreeSet::new();
+    // When each acknowledged add completed.
+    let mut acked_at: HashMap<&str, u64> = HashMap::new();
     let mut failed = BTreeSet::new();
     let mut unknown = 0usize;
     let mut last: Option<&Completed> = None;
@@ -554,6 +558,7 @@ pub fn check_set(events: &[Event]) -> Verdict {
                 match kind {
                     EventType::Ok => {
                         acked.insert(element.clone());
+                        acked_at.insert(element, c.complete_ns.unwrap_or(u64::MAX));
                     }
                     EventType::Fail => {
                         failed.insert(element.clone());
@@ -583,7 +588,7 @@ pub fn check_set(events: &[Event]) -> Verdict {
         );
     };
     let listed: BTreeSet<String> = listed.iter().cloned().collect();
-    let mut anomalies = Vec::new();
+    let (read_back, mut anomalies) = check_read_backs(&ops, &acked_at);
     let lost: Vec<&String> = acked.difference(&listed).collect();
     if !lost.is_empty() {
         anomalies.push(format!(
@@ -615,7 +620,7 @@ pub fn check_set(events: &[Event]) -> Verdict {
     Verdict::new(
         format!(
             "set: {} attempted, {} acknowledged, {} failed, {unknown} unknown ({recovered} of \
-             them present), {} listed at the end",
+             them present), {} listed at the end; {read_back} own files read back",
             attempted.len(),
             acked.len(),
             failed.len(),
@@ -623,6 +628,48 @@ pub fn check_set(events: &[Event]) -> Verdict {
         ),
         anomalies,
     )
+}
+
+/// The successful reads back of `ops` that began after their file's add was acknowledged
+/// (at `acked_at`), and one anomaly per kind of wrong answer among them.
+fn check_read_backs(ops: &[Completed], acked_at: &HashMap<&str, u64>) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut missing: Vec<String> = Vec::new();
+    let mut wrong: Vec<String> = Vec::new();
+    for c in ops {
+        let (Call::ReadBack { element, body }, EventType::Ok) = (&c.result, c.kind) else {
+            continue;
+        };
+        if acked_at
+            .get(element.as_str())
+            .is_none_or(|&t| t > c.invoke_ns)
+        {
+            continue;
+        }
+        checked += 1;
+        match body {
+            None => missing.push(format!("{element} (event {})", c.index)),
+            Some(b) if b != element => {
+                wrong.push(format!("{element} read as {b:?} (event {})", c.index))
+            }
+            Some(_) => {}
+        }
+    }
+    let mut anomalies = Vec::new();
+    for (what, v) in [
+        ("found no file", &missing),
+        ("found other contents", &wrong),
+    ] {
+        if !v.is_empty() {
+            let refs: Vec<&String> = v.iter().collect();
+            anomalies.push(format!(
+                "{} reads back of the client's own acknowledged creates {what}: {}",
+                v.len(),
+                sample(&refs)
+            ));
+        }
+    }
+    (checked, anomalies)
 }
 
 fn sample(v: &[&String]) -> String {

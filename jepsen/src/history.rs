@@ -66,10 +66,19 @@ pub enum Call {
         /// On `ok`: whether it existed (false: ENOENT).
         existed: Option<bool>,
     },
-    /// Create a new, unique file in the set directory.
+    /// Create a new, unique file in the set directory (the set workload writes the file's
+    /// name into it before the create counts as done).
     Add {
         /// The file name.
         element: String,
+    },
+    /// Read back the whole contents of a file of the set whose create this client had
+    /// acknowledged (the set workload writes each file's name into it).
+    ReadBack {
+        /// The file name.
+        element: String,
+        /// On `ok`: the contents read (`None`: no such file).
+        body: Option<String>,
     },
     /// List the set directory (linearizable listing).
     ReadSet {

@@ -432,6 +432,7 @@ fn op_name(c: &Call) -> &'static str {
         Call::Cas { .. } => "cas",
         Call::Delete { .. } => "delete",
         Call::Add { .. } => "add",
+        Call::ReadBack { .. } => "read-back",
         Call::ReadSet { .. } => "read-set",
         Call::Move { .. } => "move",
         Call::List { .. } => "list",

@@ -1,5 +1,6 @@
 //! The checkers say "no" to known-bad histories (a stale read, a lost acknowledged write, a
-//! file duplicated by a rename, a torn checkpoint, a link count that misses a link) and
+//! client's own create not read back, a file duplicated by a rename, a torn checkpoint, a
+//! link count that misses a link) and
 //! "yes" to good ones, including
 //! histories whose unknown-outcome operations only make sense if they took effect late.
 
@@ -209,6 +210,44 @@ fn set_rejects_a_failed_create_that_exists_and_a_missing_final_read() {
     let mut h = H::default();
     h.op(0, add("e0"), add("e0"));
     assert!(!check_set(&h.0).valid, "no final listing");
+}
+
+fn back(e: &str, body: Option<&str>) -> Call {
+    Call::ReadBack {
+        element: e.into(),
+        body: body.map(str::to_string),
+    }
+}
+
+#[test]
+fn set_accepts_reads_back_that_see_the_file_or_began_before_its_add_was_acknowledged() {
+    let mut h = H::default();
+    h.invoke(0, add("e0"))
+        // Began before the add's acknowledgement: may miss it.
+        .invoke(1, back("e0", None))
+        .ok(1, back("e0", None))
+        .ok(0, add("e0"))
+        .op(1, back("e0", None), back("e0", Some("e0")))
+        .op(0, back("e0", None), back("e0", Some("e0")))
+        .op(9, Call::ReadSet { elements: None }, read_set(&["e0"]));
+    let v = check_set(&h.0);
+    assert!(v.valid, "{v:?}");
+    assert!(v.checked.contains("2 own files read back"), "{v:?}");
+}
+
+#[test]
+fn set_rejects_a_read_back_that_misses_an_acknowledged_create_or_its_contents() {
+    let mut h = H::default();
+    h.op(0, add("e0"), add("e0"))
+        .op(0, add("e1"), add("e1"))
+        .op(1, back("e0", None), back("e0", None))
+        .op(0, back("e1", None), back("e1", Some("")))
+        .op(9, Call::ReadSet { elements: None }, read_set(&["e0", "e1"]));
+    let v = check_set(&h.0);
+    assert!(!v.valid);
+    assert_eq!(v.anomalies.len(), 2, "{v:?}");
+    assert!(v.anomalies[0].contains("found no file: e0"), "{v:?}");
+    assert!(v.anomalies[1].contains("e1 read as \"\""), "{v:?}");
 }
 
 fn mv(f: &str, from: &str, to: &str) -> Call {

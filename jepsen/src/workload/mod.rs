@@ -26,7 +26,8 @@ use talon_client::{Client, Errno, TalonError};
 pub enum WorkloadKind {
     /// Files of a strict directory as linearizable registers.
     Register,
-    /// Unique creates in a relaxed directory; nothing acknowledged is lost.
+    /// Unique creates in a relaxed directory, read back by their client; nothing
+    /// acknowledged is lost or unseen.
     Set,
     /// The set workload through a FUSE mount (`talon mount`).
     SetFuse,
