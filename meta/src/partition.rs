@@ -22,7 +22,7 @@
 
 use crate::network::Peers;
 use crate::sm::SmStore;
-use crate::types::{Command, CommandResult, NodeId, Raft};
+use crate::types::{Command, CommandResult, NodeId, Raft, TypeConfig};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ServerState, Vote};
 use std::sync::{Arc, Mutex};
@@ -128,7 +128,9 @@ impl Partition {
     /// from a quorum within `bound` and applied an entry of its own term (so it has
     /// applied every entry committed before its term: every write any earlier leader
     /// acknowledged, which a client's session read relies on), or a follower heard from
-    /// its leader within `bound` and has applied what that leader had committed then.
+    /// its leader within `bound`, at a time that leader had committed an entry of its own
+    /// term (the same guarantee; see [`contact_commit`]), and has applied what that leader
+    /// had committed then.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         // Read in place: every relaxed read asks, and a copy of the metrics allocates.
         let applied = {
@@ -160,7 +162,8 @@ impl Partition {
         m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(&m, bound)
     }
 
-    /// Records an AppendEntries from the leader, carrying its commit index.
+    /// Records a successful AppendEntries from the leader, whose commit index
+    /// [`contact_commit`] read.
     pub fn note_leader_contact(&self, leader_commit: u64) {
         let mut g = self
             .leader_contact
@@ -284,6 +287,18 @@ impl Partition {
 
 /// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
 /// from a quorum within `bound`.
+/// The commit index an AppendEntries shows its follower, if the follower may serve relaxed
+/// reads up to it: only once the sending leader has committed an entry of its own term.
+/// Before that, a new leader's commit index is what it knew as a follower, and may miss
+/// writes its predecessor committed and acknowledged just before it stopped: a follower
+/// that applied only that far would answer a client's reads without the client's own
+/// change, once its session window has passed.
+pub fn contact_commit(req: &openraft::raft::AppendEntriesRequest<TypeConfig>) -> Option<u64> {
+    req.leader_commit
+        .filter(|c| c.leader_id.term == req.vote.leader_id.term)
+        .map(|c| c.index)
+}
+
 fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: Duration) -> bool {
     let applied_own_term = m
         .last_applied
@@ -461,5 +476,34 @@ async fn read_barrier(
         for w in waiters {
             let _ = w.send(res.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contact_commit;
+    use openraft::raft::AppendEntriesRequest;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+
+    fn append(
+        vote_term: u64,
+        commit: Option<(u64, u64)>,
+    ) -> AppendEntriesRequest<super::TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(vote_term, 1),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: commit
+                .map(|(term, index)| LogId::new(CommittedLeaderId::new(term, 1), index)),
+        }
+    }
+
+    #[test]
+    fn a_leader_shows_its_commit_index_only_once_it_committed_in_its_own_term() {
+        assert_eq!(contact_commit(&append(3, Some((3, 40)))), Some(40));
+        // A new leader's commit index from its predecessor's term may lag what that
+        // predecessor acknowledged.
+        assert_eq!(contact_commit(&append(3, Some((2, 39)))), None);
+        assert_eq!(contact_commit(&append(3, None)), None);
     }
 }

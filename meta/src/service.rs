@@ -672,9 +672,9 @@ impl RaftSvc for RaftApi {
         let r = r.into_inner();
         let part = self.raft(r.partition)?;
         let req: AppendEntriesRequest<TypeConfig> = decode(&r)?;
-        let commit = req.leader_commit.map(|l| l.index).unwrap_or(0);
+        let commit = crate::partition::contact_commit(&req);
         let res = part.raft.append_entries(req).await;
-        if res.as_ref().is_ok_and(|r| r.is_success()) {
+        if let (Some(commit), true) = (commit, res.as_ref().is_ok_and(|r| r.is_success())) {
             part.note_leader_contact(commit);
         }
         reply(res)
