@@ -221,6 +221,7 @@ impl Node {
                     partition: p,
                     peers: peers.clone(),
                     me,
+                    confirmed_for: Duration::from_millis(rc.heartbeat_interval / 2),
                 },
                 log.group_behind(p, store.snapshot_mark()),
                 PartitionSm::new(store.clone()),
