@@ -283,27 +283,35 @@ impl Cluster {
     /// of that behind each snapshot (before any start), so that a node that was down a few
     /// seconds catches up by installing a snapshot rather than by replaying the log.
     pub fn snapshot_every(&mut self, entries: u64) -> Result<(), ClusterError> {
+        let n = entries.max(1) as i64;
+        self.set_config("raft", "snapshot_after_entries", n)?;
+        self.set_config("raft", "keep_entries_after_snapshot", (n / 10).max(1))
+    }
+
+    /// Sets every node's relaxed staleness bound (before any start). Clients read a
+    /// partition from its leader for twice the bound after they change it (their session
+    /// window) and from any replica after that, so a short bound sends a client's reads of
+    /// its own changes to followers soon after a fault, as a leader election lasts longer
+    /// than the window.
+    pub fn relaxed_staleness(&mut self, ms: u64) -> Result<(), ClusterError> {
+        self.set_config("cluster", "relaxed_staleness_ms", ms.max(1) as i64)
+    }
+
+    /// Sets `key` of table `[section]` to `value` in every node's configuration file.
+    fn set_config(&mut self, section: &str, key: &str, value: i64) -> Result<(), ClusterError> {
         for n in &self.nodes {
             let bad = |e: &dyn std::fmt::Display| {
                 ClusterError::Config(format!("{}: {e}", n.config.display()))
             };
             let text = std::fs::read_to_string(&n.config).map_err(|e| bad(&e))?;
             let mut doc: toml::Table = text.parse().map_err(|e| bad(&e))?;
-            let raft = doc
-                .entry("raft")
+            let table = doc
+                .entry(section)
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            let Some(raft) = raft.as_table_mut() else {
-                return Err(bad(&"[raft] is not a table"));
+            let Some(table) = table.as_table_mut() else {
+                return Err(bad(&format!("[{section}] is not a table")));
             };
-            let n_entries = entries.max(1) as i64;
-            raft.insert(
-                "snapshot_after_entries".into(),
-                toml::Value::Integer(n_entries),
-            );
-            raft.insert(
-                "keep_entries_after_snapshot".into(),
-                toml::Value::Integer((n_entries / 10).max(1)),
-            );
+            table.insert(key.into(), toml::Value::Integer(value));
             let text = toml::to_string_pretty(&doc).map_err(|e| bad(&e))?;
             std::fs::write(&n.config, text).map_err(|e| bad(&e))?;
         }

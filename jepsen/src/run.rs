@@ -77,6 +77,8 @@ pub struct RunConfig {
     pub snapshot_every: Option<u64>,
     /// The nodes' log filter (`RUST_LOG` syntax).
     pub node_log: String,
+    /// The nodes' relaxed staleness bound, ms (default: the server's).
+    pub staleness_ms: Option<u64>,
 }
 
 impl RunConfig {
@@ -111,6 +113,7 @@ impl RunConfig {
             talon_bin: PathBuf::from("talon"),
             snapshot_every: None,
             node_log: "warn".into(),
+            staleness_ms: None,
         }
     }
 }
@@ -239,6 +242,9 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
     };
     if let Some(n) = cfg.snapshot_every {
         cluster.snapshot_every(n)?;
+    }
+    if let Some(ms) = cfg.staleness_ms {
+        cluster.relaxed_staleness(ms)?;
     }
     cluster.start_all()?;
     let addrs = cluster.addrs();

@@ -112,6 +112,11 @@ struct RunArgs {
     /// `warn,openraft=debug`); the logs are in the kept working directory.
     #[arg(long, default_value = "warn")]
     node_log: String,
+    /// The nodes' relaxed staleness bound, ms (default: the server's, 2000). A client reads
+    /// what it changed from the leader for twice the bound, then from any replica: a short
+    /// bound makes reads of its own changes reach followers right after a failover.
+    #[arg(long)]
+    staleness_ms: Option<u64>,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -171,6 +176,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.lenient = a.lenient;
     c.disk_mib = a.disk_mib;
     c.node_log = a.node_log;
+    c.staleness_ms = a.staleness_ms;
     c.snapshot_every = a
         .snapshot_every
         .or_else(|| c.nemeses.contains(&NemesisKind::Crash).then_some(300));
