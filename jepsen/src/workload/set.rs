@@ -5,7 +5,8 @@
 //! through the library or, for `set-fuse`, through a FUSE mount of the cluster (`open` with
 //! `O_CREAT | O_EXCL`, `write`, `close`, whose answer carries the flush's). It counts as
 //! done when the contents are. Half of the operations instead read back a file whose add was
-//! acknowledged: a worker's own latest, or any of the run's. The run has one client (one
+//! acknowledged: a worker's own latest, or any of the run's; in one second of every three
+//! all of them do (see `CYCLE_MS`). The run has one client (one
 //! library handle, or one mount), so each read back is of that client's own completed
 //! change, which it must see at once and forever after, in the relaxed class as in the
 //! strict one, whatever the faults.
@@ -21,13 +22,23 @@ use rand::{Rng, SeedableRng};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Instant;
 use talon_client::{CreateSpec, Errno, Ino, MkdirOptions};
 
 /// The directory of the set (relaxed: not under a strict prefix).
 pub const DIR: &str = "/data/set";
 
-/// Percent of operations that read a file back: half of them the worker's own latest.
+/// Percent of operations that read a file back while workers write: half of them the
+/// worker's own latest.
 const READ_BACK_PERCENT: u32 = 50;
+
+/// Workers write in the first `WRITE_MS` of every `CYCLE_MS` and only read back in the
+/// rest: a client reads a partition it changed from the leader for a session window after
+/// the change (twice the staleness bound), and from any replica after that, so reads back
+/// late in the quiet spell go to followers when the window is shorter than the spell
+/// (`--staleness-ms` below 500; at the default 2 s it never is).
+const CYCLE_MS: u128 = 3000;
+const WRITE_MS: u128 = 2000;
 
 /// The set workload's state.
 pub struct Set {
@@ -36,6 +47,8 @@ pub struct Set {
     mounted: Option<PathBuf>,
     /// The elements whose add was acknowledged, in order.
     acked: Mutex<Vec<String>>,
+    /// When the workload was set up: the write and quiet spells count from it.
+    start: Instant,
 }
 
 impl Set {
@@ -55,6 +68,7 @@ impl Set {
             dir: attr.ino,
             mounted: None,
             acked: Mutex::new(Vec::new()),
+            start: Instant::now(),
         })
     }
 
@@ -75,7 +89,13 @@ impl Set {
         let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed.wrapping_add(w.id));
         let mut latest: Option<String> = None;
         while let Some(n) = ctx.next_op() {
+            let quiet = self.start.elapsed().as_millis() % CYCLE_MS >= WRITE_MS;
             let roll: u32 = rng.random_range(0..100);
+            let roll = if quiet {
+                roll % READ_BACK_PERCENT
+            } else {
+                roll
+            };
             let back = if roll < READ_BACK_PERCENT / 2 {
                 latest.clone()
             } else if roll < READ_BACK_PERCENT {
