@@ -285,8 +285,6 @@ impl Partition {
     }
 }
 
-/// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
-/// from a quorum within `bound`.
 /// The commit index an AppendEntries shows its follower, if the follower may serve relaxed
 /// reads up to it: only once the sending leader has committed an entry of its own term.
 /// Before that, a new leader's commit index is what it knew as a follower, and may miss
@@ -299,6 +297,8 @@ pub fn contact_commit(req: &openraft::raft::AppendEntriesRequest<TypeConfig>) ->
         .map(|c| c.index)
 }
 
+/// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
+/// from a quorum within `bound`.
 fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: Duration) -> bool {
     let applied_own_term = m
         .last_applied
