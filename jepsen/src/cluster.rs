@@ -283,22 +283,23 @@ impl Cluster {
     /// of that behind each snapshot (before any start), so that a node that was down a few
     /// seconds catches up by installing a snapshot rather than by replaying the log.
     pub fn snapshot_every(&mut self, entries: u64) -> Result<(), ClusterError> {
-        let n = entries.max(1) as i64;
+        let n = entries.max(1);
         self.set_config("raft", "snapshot_after_entries", n)?;
         self.set_config("raft", "keep_entries_after_snapshot", (n / 10).max(1))
     }
 
     /// Sets every node's relaxed staleness bound (before any start). Clients read a
     /// partition from its leader for twice the bound after they change it (their session
-    /// window) and from any replica after that, so a short bound sends a client's reads of
-    /// its own changes to followers soon after a fault, as a leader election lasts longer
-    /// than the window.
+    /// window) and from any replica after that, so a bound shorter than half a leader
+    /// election sends a client's reads of its own changes to followers right after one.
     pub fn relaxed_staleness(&mut self, ms: u64) -> Result<(), ClusterError> {
-        self.set_config("cluster", "relaxed_staleness_ms", ms.max(1) as i64)
+        self.set_config("cluster", "relaxed_staleness_ms", ms.max(1))
     }
 
     /// Sets `key` of table `[section]` to `value` in every node's configuration file.
-    fn set_config(&mut self, section: &str, key: &str, value: i64) -> Result<(), ClusterError> {
+    fn set_config(&mut self, section: &str, key: &str, value: u64) -> Result<(), ClusterError> {
+        let value = i64::try_from(value)
+            .map_err(|_| ClusterError::Config(format!("{section}.{key} = {value} is too large")))?;
         for n in &self.nodes {
             let bad = |e: &dyn std::fmt::Display| {
                 ClusterError::Config(format!("{}: {e}", n.config.display()))
