@@ -369,7 +369,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use openraft::Vote;
 
@@ -473,11 +473,13 @@ mod tests {
         }
     }
 
-    fn log_id(term: u64, index: u64) -> openraft::LogId<NodeId> {
+    /// Log id `index` of `term`, written by node 1.
+    pub(crate) fn log_id(term: u64, index: u64) -> openraft::LogId<NodeId> {
         openraft::LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
     }
 
-    fn append(
+    /// An AppendEntries of `vote` after `prev`, carrying `entries` (blank) and `commit`.
+    pub(crate) fn append(
         vote: Vote<NodeId>,
         prev: Option<openraft::LogId<NodeId>>,
         entries: &[openraft::LogId<NodeId>],

@@ -482,28 +482,22 @@ async fn read_barrier(
 #[cfg(test)]
 mod tests {
     use super::contact_commit;
-    use openraft::raft::AppendEntriesRequest;
-    use openraft::{CommittedLeaderId, LogId, Vote};
-
-    fn append(
-        vote_term: u64,
-        commit: Option<(u64, u64)>,
-    ) -> AppendEntriesRequest<super::TypeConfig> {
-        AppendEntriesRequest {
-            vote: Vote::new_committed(vote_term, 1),
-            prev_log_id: None,
-            entries: Vec::new(),
-            leader_commit: commit
-                .map(|(term, index)| LogId::new(CommittedLeaderId::new(term, 1), index)),
-        }
-    }
+    use crate::network::tests::{append, log_id};
+    use openraft::Vote;
 
     #[test]
     fn a_leader_shows_its_commit_index_only_once_it_committed_in_its_own_term() {
-        assert_eq!(contact_commit(&append(3, Some((3, 40)))), Some(40));
+        let vote = Vote::new_committed(3, 1);
+        assert_eq!(
+            contact_commit(&append(vote, None, &[], Some(log_id(3, 40)))),
+            Some(40)
+        );
         // A new leader's commit index from its predecessor's term may lag what that
         // predecessor acknowledged.
-        assert_eq!(contact_commit(&append(3, Some((2, 39)))), None);
-        assert_eq!(contact_commit(&append(3, None)), None);
+        assert_eq!(
+            contact_commit(&append(vote, None, &[], Some(log_id(2, 39)))),
+            None
+        );
+        assert_eq!(contact_commit(&append(vote, None, &[], None)), None);
     }
 }
