@@ -545,9 +545,8 @@ pub fn check_links(events: &[Event], lenient: Leniency) -> Verdict {
 pub fn check_set(events: &[Event]) -> Verdict {
     let ops = pair(events);
     let mut attempted = BTreeSet::new();
-    let mut acked = BTreeSet::new();
-    // When each acknowledged add completed.
-    let mut acked_at: HashMap<&str, u64> = HashMap::new();
+    // Each acknowledged add, with when it completed.
+    let mut acked: BTreeMap<String, u64> = BTreeMap::new();
     let mut failed = BTreeSet::new();
     let mut unknown = 0usize;
     let mut last: Option<&Completed> = None;
@@ -557,8 +556,7 @@ pub fn check_set(events: &[Event]) -> Verdict {
                 attempted.insert(element.clone());
                 match kind {
                     EventType::Ok => {
-                        acked.insert(element.clone());
-                        acked_at.insert(element, c.complete_ns.unwrap_or(u64::MAX));
+                        acked.insert(element.clone(), c.complete_ns.unwrap_or(u64::MAX));
                     }
                     EventType::Fail => {
                         failed.insert(element.clone());
@@ -588,8 +586,8 @@ pub fn check_set(events: &[Event]) -> Verdict {
         );
     };
     let listed: BTreeSet<String> = listed.iter().cloned().collect();
-    let (read_back, mut anomalies) = check_read_backs(&ops, &acked_at);
-    let lost: Vec<&String> = acked.difference(&listed).collect();
+    let (read_back, mut anomalies) = check_read_backs(&ops, &acked);
+    let lost: Vec<&String> = acked.keys().filter(|e| !listed.contains(*e)).collect();
     if !lost.is_empty() {
         anomalies.push(format!(
             "{} acknowledged creates missing from the final listing (event {index}): {}",
@@ -615,7 +613,7 @@ pub fn check_set(events: &[Event]) -> Verdict {
     }
     let recovered = listed
         .iter()
-        .filter(|e| attempted.contains(*e) && !acked.contains(*e))
+        .filter(|e| attempted.contains(*e) && !acked.contains_key(*e))
         .count();
     Verdict::new(
         format!(
@@ -631,8 +629,8 @@ pub fn check_set(events: &[Event]) -> Verdict {
 }
 
 /// The successful reads back of `ops` that began after their file's add was acknowledged
-/// (at `acked_at`), and one anomaly per kind of wrong answer among them.
-fn check_read_backs(ops: &[Completed], acked_at: &HashMap<&str, u64>) -> (usize, Vec<String>) {
+/// (at `acked`), and one anomaly per kind of wrong answer among them.
+fn check_read_backs(ops: &[Completed], acked: &BTreeMap<String, u64>) -> (usize, Vec<String>) {
     let mut checked = 0;
     let mut missing: Vec<String> = Vec::new();
     let mut wrong: Vec<String> = Vec::new();
@@ -640,10 +638,7 @@ fn check_read_backs(ops: &[Completed], acked_at: &HashMap<&str, u64>) -> (usize,
         let (Call::ReadBack { element, body }, EventType::Ok) = (&c.result, c.kind) else {
             continue;
         };
-        if acked_at
-            .get(element.as_str())
-            .is_none_or(|&t| t > c.invoke_ns)
-        {
+        if acked.get(element).is_none_or(|&t| t > c.invoke_ns) {
             continue;
         }
         checked += 1;
