@@ -429,6 +429,83 @@ pub(crate) mod tests {
         }
     }
 
+    /// A node that could not run for a moment (stopped, or starved of CPU) resumes to find
+    /// calls its peers sent meanwhile and gave up on. Its server takes them all in stride
+    /// on the same connection (`crate::service::PENDING_RESETS_MAX`): with h2's default it
+    /// closed the connection after 20, and the peer's next call failed or reconnected.
+    #[tokio::test]
+    async fn a_node_that_resumes_keeps_the_connection_its_peer_gave_up_calls_on() {
+        use tokio_stream::StreamExt;
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let addr = std_listener.local_addr().expect("addr");
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let peer = CountingPeer {
+            appends: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
+        };
+        // The server runs on a runtime of its own, one thread, which a task can hold still.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server_rt = rt.handle().clone();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let counted = accepted.clone();
+        let server = std::thread::spawn(move || {
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                let incoming =
+                    tokio_stream::wrappers::TcpListenerStream::new(listener).map(move |c| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        c
+                    });
+                let serve = crate::service::server()
+                    .add_service(talon_proto::raft::raft_server::RaftServer::new(peer))
+                    .serve_with_incoming(incoming);
+                tokio::select! {
+                    _ = serve => {}
+                    _ = stop_rx => {}
+                }
+            })
+        });
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect_lazy();
+        let client = RaftClient::new(channel);
+        let call = |t: Duration| {
+            let mut c = client.clone();
+            async move { tokio::time::timeout(t, c.append_entries(RaftRequest::default())).await }
+        };
+        assert!(matches!(call(Duration::from_secs(5)).await, Ok(Ok(_))));
+
+        // Hold the server still while 60 calls are sent and given up on (each reset).
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        server_rt.spawn(async move {
+            let _ = hold_rx.recv();
+        });
+        let given_up: Vec<_> = (0..60)
+            .map(|_| tokio::spawn(call(Duration::from_millis(100))))
+            .collect();
+        for g in given_up {
+            assert!(g.await.expect("join").is_err(), "a held server answered");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        hold_tx.send(()).expect("release");
+
+        match call(Duration::from_secs(5)).await {
+            Ok(Ok(_)) => {}
+            other => panic!("the call after the resume gave {other:?}"),
+        }
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the server closed the connection"
+        );
+        let _ = stop_tx.send(());
+        server.join().expect("server thread");
+    }
+
     /// A peer that counts the AppendEntries it is sent and answers each with `answer`.
     struct CountingPeer {
         appends: Arc<std::sync::atomic::AtomicUsize>,

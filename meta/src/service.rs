@@ -46,14 +46,28 @@ pub fn router(node: Arc<Node>) -> tonic::transport::server::Router {
     let raft = RaftServer::new(RaftApi { node })
         .max_decoding_message_size(crate::network::MAX_PEER_MESSAGE)
         .max_encoding_message_size(crate::network::MAX_PEER_MESSAGE);
+    server().add_service(ns).add_service(raft)
+}
+
+/// Calls a peer may give up on (reset) before this node's server has taken them, per
+/// connection, before the server closes the connection. h2's default, 20, guards against
+/// floods of opened-and-reset streams. But a node that was stopped or starved of CPU for a
+/// moment resumes to find more than that: each leader of a partition it follows has timed
+/// out a heartbeat every 100 ms meanwhile. Closing the connection then costs more than the
+/// resets did: the leader's replication sees a broken connection, which openraft takes for
+/// an unreachable follower and backs off from for half a second, and every call in flight
+/// on it fails.
+pub const PENDING_RESETS_MAX: usize = 4096;
+
+/// The node server's transport settings, without its services.
+pub fn server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // Large windows: file bodies and Raft appends are megabytes (see network.rs).
         .initial_stream_window_size(Some(16 << 20))
         .initial_connection_window_size(Some(64 << 20))
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .add_service(ns)
-        .add_service(raft)
+        .http2_max_pending_accept_reset_streams(Some(PENDING_RESETS_MAX))
 }
 
 /// The client API.
