@@ -61,6 +61,8 @@ pub struct Partition {
     /// When the last snapshot chunk from the current leader arrived, while this replica
     /// holds off elections for it (see [`Partition::receiving_snapshot`]).
     snapshot_chunk_at: Mutex<Option<Instant>>,
+    /// One AppendEntries at a time in the Raft core (see [`Partition::append_entries`]).
+    appends: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -92,6 +94,7 @@ impl Partition {
             leader_contact: Mutex::new(None),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             snapshot_chunk_at: Mutex::new(None),
+            appends: Arc::new(Semaphore::new(1)),
         });
         tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
         tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
@@ -109,6 +112,35 @@ impl Partition {
         rx.await.map_err(|_| {
             TalonError::Unavailable(format!("partition {} is shutting down", self.id))
         })?
+    }
+
+    /// Hands a leader's AppendEntries to this replica's Raft core, one at a time, and
+    /// answers what the core answers.
+    ///
+    /// A call handed over stays in the core's queue, entries and all, until the core takes
+    /// it, even if the leader gave up on it meanwhile. While this node's log waits for disk
+    /// room (a full disk), the core takes nothing, and the leader sends the same entries
+    /// again at every timeout: each copy used to be queued, and a node grew by gigabytes a
+    /// minute until the kernel killed it (finding F12). Now a call waits here for the one
+    /// before it to be taken and answered; the leader giving up on a waiting call drops it,
+    /// and its entries with it. The one handed over is awaited in a task of its own, so that
+    /// the leader giving up on it does not let the next one in while it is still queued.
+    pub async fn append_entries(
+        &self,
+        req: openraft::raft::AppendEntriesRequest<TypeConfig>,
+    ) -> Result<openraft::raft::AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        let Ok(turn) = self.appends.clone().acquire_owned().await else {
+            return Err(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        };
+        let raft = self.raft.clone();
+        let handed = tokio::spawn(async move {
+            let res = raft.append_entries(req).await;
+            drop(turn);
+            res
+        });
+        handed
+            .await
+            .unwrap_or(Err(RaftError::Fatal(openraft::error::Fatal::Panicked)))
     }
 
     /// Waits until this replica is the leader and has applied everything committed before
