@@ -125,6 +125,7 @@ impl Partition {
     /// before it to be taken and answered; the leader giving up on a waiting call drops it,
     /// and its entries with it. The one handed over is awaited in a task of its own, so that
     /// the leader giving up on it does not let the next one in while it is still queued.
+    /// `tests/full_follower.rs` watches a node's memory while its log waits.
     pub async fn append_entries(
         &self,
         req: openraft::raft::AppendEntriesRequest<TypeConfig>,

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod small_disk;
+
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
