@@ -234,7 +234,7 @@ impl<'a> Namespace<'a> {
 
     /// How old a relaxed read may be (`cluster.relaxed_staleness_ms`).
     fn staleness_bound(&self) -> Duration {
-        Duration::from_millis(self.node.config.cluster.relaxed_staleness_ms)
+        self.node.staleness_bound()
     }
 
     /// The class of directory `dir` as seen from `part`, and whether `part` must learn it

@@ -54,6 +54,10 @@ pub enum PeerRequest {
     /// a change to its entries on another partition (`Node::touch_parent`), at its home's
     /// leader; answered with its attributes after, as reads there show them.
     TouchDir(Ino, i32, Time),
+    /// The leader's applied index, asked by a follower that serves relaxed reads
+    /// (`Partition::answer_for_follower`); answered `Applied(None)` by a replica that does
+    /// not lead, or whose own reads are not fresh.
+    LeaderApplied,
 }
 
 /// The answer to a `PeerRequest`.
@@ -71,6 +75,8 @@ pub enum PeerReply {
     File(Option<crate::reads::OpenFile>),
     /// A directory's attributes after a `TouchDir`, if known.
     DirAttr(Option<Attr>),
+    /// The answer to `LeaderApplied`.
+    Applied(Option<u64>),
 }
 
 /// A node and everything it hosts.
@@ -258,7 +264,13 @@ impl Node {
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);
         node.spawn(space_loop);
+        node.spawn(leader_answer_loop);
         Ok(node)
+    }
+
+    /// The bound on the staleness of relaxed reads (`[cluster] relaxed_staleness_ms`).
+    pub fn staleness_bound(&self) -> Duration {
+        Duration::from_millis(self.config.cluster.relaxed_staleness_ms)
     }
 
     /// Runs a background loop of this node until shutdown: `task` gets the node and a
@@ -509,6 +521,9 @@ impl Node {
                         .map_err(storage_error)?,
                 ))
             }
+            PeerRequest::LeaderApplied => Ok(PeerReply::Applied(
+                part.answer_for_follower(self.staleness_bound()),
+            )),
             PeerRequest::TouchDir(dir, nlink, now) => {
                 if dir.home() != p {
                     return Err(TalonError::Invalid(format!(
@@ -847,6 +862,42 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
         .is_err()
     {
         tracing::warn!("directory attribute updates dropped at shutdown: no quorum in time");
+    }
+}
+
+/// Asks the leader of every partition this node follows for its applied index, every
+/// quarter of the staleness bound, so that the replica may serve relaxed reads for half a
+/// bound after each answer (`Partition::relaxed_ok`); stops on `cancel`. A question is
+/// given up after a quarter bound: a lost one leaves the last answer standing.
+async fn leader_answer_loop(node: Arc<Node>, cancel: CancellationToken) {
+    let period = (node.staleness_bound() / 4).max(Duration::from_millis(10));
+    every(period, &cancel, || node.ask_leaders(period)).await;
+}
+
+impl Node {
+    /// One round of [`leader_answer_loop`]: every question at once, each given up after
+    /// `within`.
+    async fn ask_leaders(&self, within: Duration) {
+        let asks = self.partitions.iter().filter_map(|(&p, part)| {
+            let leader = part.leader().filter(|&l| l != self.config.node_id)?;
+            Some(async move {
+                let asked = Instant::now();
+                let answer = self
+                    .peers
+                    .call::<PeerRequest, PeerReply>(
+                        leader,
+                        PeerRpc::Peer,
+                        p,
+                        &PeerRequest::LeaderApplied,
+                        within,
+                    )
+                    .await;
+                if let Ok(Ok(PeerReply::Applied(Some(applied)))) = answer {
+                    part.note_leader_answer(asked, applied);
+                }
+            })
+        });
+        futures::future::join_all(asks).await;
     }
 }
 

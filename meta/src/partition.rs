@@ -12,6 +12,11 @@
 //! Both queues are tasks owned by the partition and stop when its cancellation token
 //! fires; callers still waiting get `Unavailable`.
 //!
+//! A follower serves relaxed reads on the strength of its own round trip to its leader
+//! ([`Partition::relaxed_ok`], [`Partition::note_leader_answer`]; `node`'s probe loop asks):
+//! the time that counts is when it asked, on its own clock, so no message delayed in the
+//! network can make old state look fresh.
+//!
 //! A proposal holds one of the few in-flight slots only while this replica leads in the
 //! term it was made in. openraft answers a proposal when its entry applies or is cut from
 //! the log, but not when a deposed leader installs a snapshot that covers the entry
@@ -53,7 +58,9 @@ pub struct Partition {
     peers: Arc<Peers>,
     proposals: mpsc::Sender<(Command, Reply)>,
     reads: mpsc::Sender<oneshot::Sender<Result<(), TalonError>>>,
-    leader_contact: Mutex<Option<(Instant, u64)>>,
+    /// When this follower last asked its leader for its applied index (by its own clock,
+    /// at the asking), and the answer: see [`Partition::relaxed_ok`].
+    leader_answer: Mutex<Option<(Instant, u64)>>,
     /// Set while this node's disk is full and another replica should take the leadership:
     /// proposals and linearizable reads are then refused as from a follower, so that
     /// nothing this leader does renews the other replicas' leader lease.
@@ -91,7 +98,7 @@ impl Partition {
             peers,
             proposals: ptx,
             reads: rtx,
-            leader_contact: Mutex::new(None),
+            leader_answer: Mutex::new(None),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             snapshot_chunk_at: Mutex::new(None),
             appends: Arc::new(Semaphore::new(1)),
@@ -160,10 +167,22 @@ impl Partition {
     /// True if a relaxed read may be served from this replica's state: a leader heard
     /// from a quorum within `bound` and applied an entry of its own term (so it has
     /// applied every entry committed before its term: every write any earlier leader
-    /// acknowledged, which a client's session read relies on), or a follower heard from
-    /// its leader within `bound`, at a time that leader had committed an entry of its own
-    /// term (the same guarantee; see [`contact_commit`]), and has applied what that leader
-    /// had committed then.
+    /// acknowledged, which a client's session read relies on); a follower asked its leader
+    /// within half the bound and has applied what the leader had applied when it answered
+    /// (a leader answers only while its own reads are fresh within the other half: see
+    /// [`Partition::answer_for_follower`]).
+    ///
+    /// A follower's time is when it asked, by its own clock. It used to be when the
+    /// leader's last AppendEntries arrived, which says nothing of when the leader sent it:
+    /// one held up in the network longer than a client's session window made state older
+    /// than that client's own write look fresh.
+    ///
+    /// Why the answer holds the client's write: a client reads relaxed only a session
+    /// window (twice the bound) after its write was acknowledged; the follower asked less
+    /// than half a bound before the read, and the answering leader heard from a quorum less
+    /// than half a bound before it answered, so after the write. A quorum that acked a
+    /// leader after the write had not elected a later one, so the answering leader is the
+    /// one that acknowledged the write or a later one, and either has applied it.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         // Read in place: every relaxed read asks, and a copy of the metrics allocates.
         let applied = {
@@ -177,13 +196,30 @@ impl Partition {
             }
             m.last_applied.map(|l| l.index).unwrap_or(0)
         };
-        let contact = *self
-            .leader_contact
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match contact {
-            Some((at, commit)) => at.elapsed() < bound && applied >= commit,
+        let answer = *self.leader_answer.lock().unwrap_or_else(|p| p.into_inner());
+        match answer {
+            Some((asked, leader_applied)) => {
+                asked.elapsed() < bound / 2 && applied >= leader_applied
+            }
             None => false,
+        }
+    }
+
+    /// What this replica answers a follower that asks for its applied index: the index if
+    /// it leads, has applied an entry of its own term and heard from a quorum within half
+    /// of `bound`; otherwise nothing, and the follower serves no relaxed reads on it.
+    pub fn answer_for_follower(&self, bound: Duration) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        answer_for_follower(&m, bound)
+    }
+
+    /// Records the leader's answer to a question this follower asked at `asked`: the
+    /// leader's applied index then. A late answer to an older question changes nothing.
+    pub fn note_leader_answer(&self, asked: Instant, leader_applied: u64) {
+        let mut g = self.leader_answer.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none_or(|(at, _)| at <= asked) {
+            *g = Some((asked, leader_applied));
         }
     }
 
@@ -193,16 +229,6 @@ impl Partition {
         let m = self.raft.metrics();
         let m = m.borrow();
         m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(&m, bound)
-    }
-
-    /// Records a successful AppendEntries from the leader, whose commit index
-    /// [`contact_commit`] read.
-    pub fn note_leader_contact(&self, leader_commit: u64) {
-        let mut g = self
-            .leader_contact
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        *g = Some((Instant::now(), leader_commit));
     }
 
     /// Hands the leadership on, or stops doing so: while `on`, this replica neither
@@ -318,18 +344,6 @@ impl Partition {
     }
 }
 
-/// The commit index an AppendEntries shows its follower, if the follower may serve relaxed
-/// reads up to it: only once the sending leader has committed an entry of its own term.
-/// Before that, a new leader's commit index is what it knew as a follower, and may miss
-/// writes its predecessor committed and acknowledged just before it stopped: a follower
-/// that applied only that far would answer a client's reads without the client's own
-/// change, once its session window has passed.
-pub fn contact_commit(req: &openraft::raft::AppendEntriesRequest<TypeConfig>) -> Option<u64> {
-    req.leader_commit
-        .filter(|c| c.leader_id.term == req.vote.leader_id.term)
-        .map(|c| c.index)
-}
-
 /// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
 /// from a quorum within `bound`.
 fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: Duration) -> bool {
@@ -339,6 +353,16 @@ fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: D
     applied_own_term
         && m.millis_since_quorum_ack
             .is_some_and(|ms| ms < bound.as_millis() as u64)
+}
+
+/// [`Partition::answer_for_follower`] on metrics `m`.
+fn answer_for_follower(
+    m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    bound: Duration,
+) -> Option<u64> {
+    let fresh =
+        m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(m, bound / 2);
+    fresh.then(|| m.last_applied.map(|l| l.index).unwrap_or(0))
 }
 
 fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
@@ -514,23 +538,54 @@ async fn read_barrier(
 
 #[cfg(test)]
 mod tests {
-    use super::contact_commit;
-    use crate::network::tests::{append, log_id};
-    use openraft::Vote;
+    use super::answer_for_follower;
+    use crate::network::tests::log_id;
+    use openraft::{RaftMetrics, ServerState};
+    use std::time::Duration;
+
+    /// A leader of term 3 that applied up to `applied` and heard from a quorum
+    /// `quorum_ms` ago.
+    fn leader(
+        applied: openraft::LogId<u64>,
+        quorum_ms: u64,
+    ) -> RaftMetrics<u64, openraft::BasicNode> {
+        let mut m = RaftMetrics::new_initial(1);
+        m.current_term = 3;
+        m.state = ServerState::Leader;
+        m.current_leader = Some(1);
+        m.last_applied = Some(applied);
+        m.millis_since_quorum_ack = Some(quorum_ms);
+        m
+    }
 
     #[test]
-    fn a_leader_shows_its_commit_index_only_once_it_committed_in_its_own_term() {
-        let vote = Vote::new_committed(3, 1);
+    fn a_leader_answers_a_follower_only_while_fresh_and_past_its_own_first_entry() {
+        let bound = Duration::from_millis(2000);
         assert_eq!(
-            contact_commit(&append(vote, None, &[], Some(log_id(3, 40)))),
+            answer_for_follower(&leader(log_id(3, 40), 100), bound),
             Some(40)
         );
-        // A new leader's commit index from its predecessor's term may lag what that
-        // predecessor acknowledged.
+        // A new leader that has not applied an entry of its own term may not have applied
+        // what its predecessor acknowledged (finding F11).
         assert_eq!(
-            contact_commit(&append(vote, None, &[], Some(log_id(2, 39)))),
+            answer_for_follower(&leader(log_id(2, 39), 100), bound),
             None
         );
-        assert_eq!(contact_commit(&append(vote, None, &[], None)), None);
+        // Its lease is counted against half the bound: the follower's asking spends the
+        // other half.
+        assert_eq!(
+            answer_for_follower(&leader(log_id(3, 40), 999), bound),
+            Some(40)
+        );
+        assert_eq!(
+            answer_for_follower(&leader(log_id(3, 40), 1000), bound),
+            None
+        );
+        let mut m = leader(log_id(3, 40), 100);
+        m.millis_since_quorum_ack = None;
+        assert_eq!(answer_for_follower(&m, bound), None);
+        let mut m = leader(log_id(3, 40), 100);
+        m.state = ServerState::Follower;
+        assert_eq!(answer_for_follower(&m, bound), None);
     }
 }

@@ -688,12 +688,7 @@ impl RaftSvc for RaftApi {
         let req: AppendEntriesRequest<TypeConfig> = decode(&r)?;
         // The encoded copy is not kept while the call waits its turn.
         drop(r);
-        let commit = crate::partition::contact_commit(&req);
-        let res = part.append_entries(req).await;
-        if let (Some(commit), true) = (commit, res.as_ref().is_ok_and(|r| r.is_success())) {
-            part.note_leader_contact(commit);
-        }
-        reply(res)
+        reply(part.append_entries(req).await)
     }
 
     async fn vote(&self, r: Request<RaftRequest>) -> Res<RaftReply> {
