@@ -54,9 +54,9 @@ pub enum PeerRequest {
     /// a change to its entries on another partition (`Node::touch_parent`), at its home's
     /// leader; answered with its attributes after, as reads there show them.
     TouchDir(Ino, i32, Time),
-    /// The leader's applied index, asked by a follower that serves relaxed reads
-    /// (`Partition::answer_for_follower`); answered `Applied(None)` by a replica that does
-    /// not lead, or whose own reads are not fresh.
+    /// The leader's applied index after a ReadIndex, asked by a follower that serves
+    /// relaxed reads (`Partition::answer_for_follower`); answered `Applied(None)` by a
+    /// replica that does not lead.
     LeaderApplied,
 }
 
@@ -521,9 +521,7 @@ impl Node {
                         .map_err(storage_error)?,
                 ))
             }
-            PeerRequest::LeaderApplied => Ok(PeerReply::Applied(
-                part.answer_for_follower(self.staleness_bound()),
-            )),
+            PeerRequest::LeaderApplied => Ok(PeerReply::Applied(part.answer_for_follower().await)),
             PeerRequest::TouchDir(dir, nlink, now) => {
                 if dir.home() != p {
                     return Err(TalonError::Invalid(format!(
@@ -866,9 +864,9 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
 }
 
 /// Asks the leader of every partition this node follows for its applied index, every
-/// quarter of the staleness bound, so that the replica may serve relaxed reads for half a
-/// bound after each answer (`Partition::relaxed_ok`); stops on `cancel`. A question is
-/// given up after a quarter bound: a lost one leaves the last answer standing.
+/// quarter of the staleness bound, so that the replica may serve relaxed reads for a bound
+/// after each question answered (`Partition::relaxed_ok`); stops on `cancel`. A question
+/// is given up after a quarter bound: a lost one leaves the last answer standing.
 async fn leader_answer_loop(node: Arc<Node>, cancel: CancellationToken) {
     let period = (node.staleness_bound() / 4).max(Duration::from_millis(10));
     every(period, &cancel, || node.ask_leaders(period)).await;

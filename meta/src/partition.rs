@@ -13,9 +13,9 @@
 //! fires; callers still waiting get `Unavailable`.
 //!
 //! A follower serves relaxed reads on the strength of its own round trip to its leader
-//! ([`Partition::relaxed_ok`], [`Partition::note_leader_answer`]; `node`'s probe loop asks):
-//! the time that counts is when it asked, on its own clock, so no message delayed in the
-//! network can make old state look fresh.
+//! ([`Partition::relaxed_ok`], [`Partition::note_leader_answer`]; `node`'s loop asks, and
+//! the leader answers after a ReadIndex): the time that counts is when it asked, on its own
+//! clock, so no message delayed in the network can make old state look fresh.
 //!
 //! A proposal holds one of the few in-flight slots only while this replica leads in the
 //! term it was made in. openraft answers a proposal when its entry applies or is cut from
@@ -168,21 +168,18 @@ impl Partition {
     /// from a quorum within `bound` and applied an entry of its own term (so it has
     /// applied every entry committed before its term: every write any earlier leader
     /// acknowledged, which a client's session read relies on); a follower asked its leader
-    /// within half the bound and has applied what the leader had applied when it answered
-    /// (a leader answers only while its own reads are fresh within the other half: see
-    /// [`Partition::answer_for_follower`]).
+    /// within `bound` and has applied what the leader had applied when it answered. The
+    /// leader answers only after a ReadIndex begun after the question arrived
+    /// (`Node::handle_peer`), so its answer covers every write acknowledged before the
+    /// follower asked: the follower's state is then at most `bound` old, and a client that
+    /// reads relaxed only a session window (twice the bound) after its own write sees it.
     ///
     /// A follower's time is when it asked, by its own clock. It used to be when the
     /// leader's last AppendEntries arrived, which says nothing of when the leader sent it:
     /// one held up in the network longer than a client's session window made state older
-    /// than that client's own write look fresh.
-    ///
-    /// Why the answer holds the client's write: a client reads relaxed only a session
-    /// window (twice the bound) after its write was acknowledged; the follower asked less
-    /// than half a bound before the read, and the answering leader heard from a quorum less
-    /// than half a bound before it answered, so after the write. A quorum that acked a
-    /// leader after the write had not elected a later one, so the answering leader is the
-    /// one that acknowledged the write or a later one, and either has applied it.
+    /// than that client's own write look fresh. The leader's answer rests on a quorum's
+    /// round trip, not on its lease, so a leader whose Raft core is stuck (its metrics,
+    /// and so its lease, frozen) gives no answer.
     pub fn relaxed_ok(&self, bound: Duration) -> bool {
         // Read in place: every relaxed read asks, and a copy of the metrics allocates.
         let applied = {
@@ -198,20 +195,20 @@ impl Partition {
         };
         let answer = *self.leader_answer.lock().unwrap_or_else(|p| p.into_inner());
         match answer {
-            Some((asked, leader_applied)) => {
-                asked.elapsed() < bound / 2 && applied >= leader_applied
-            }
+            Some((asked, leader_applied)) => asked.elapsed() < bound && applied >= leader_applied,
             None => false,
         }
     }
 
-    /// What this replica answers a follower that asks for its applied index: the index if
-    /// it leads, has applied an entry of its own term and heard from a quorum within half
-    /// of `bound`; otherwise nothing, and the follower serves no relaxed reads on it.
-    pub fn answer_for_follower(&self, bound: Duration) -> Option<u64> {
+    /// What this replica answers a follower that asks for its applied index: after a
+    /// ReadIndex (which confirms with a quorum that it still leads, and waits until it has
+    /// applied everything committed before, an entry of its own term included), its
+    /// applied index; nothing if it does not lead.
+    pub async fn answer_for_follower(&self) -> Option<u64> {
+        self.linearizable().await.ok()?;
         let m = self.raft.metrics();
-        let m = m.borrow();
-        answer_for_follower(&m, bound)
+        let applied = m.borrow().last_applied.map(|l| l.index).unwrap_or(0);
+        Some(applied)
     }
 
     /// Records the leader's answer to a question this follower asked at `asked`: the
@@ -353,16 +350,6 @@ fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: D
     applied_own_term
         && m.millis_since_quorum_ack
             .is_some_and(|ms| ms < bound.as_millis() as u64)
-}
-
-/// [`Partition::answer_for_follower`] on metrics `m`.
-fn answer_for_follower(
-    m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
-    bound: Duration,
-) -> Option<u64> {
-    let fresh =
-        m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(m, bound / 2);
-    fresh.then(|| m.last_applied.map(|l| l.index).unwrap_or(0))
 }
 
 fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
@@ -533,59 +520,5 @@ async fn read_barrier(
         for w in waiters {
             let _ = w.send(res.clone());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::answer_for_follower;
-    use crate::network::tests::log_id;
-    use openraft::{RaftMetrics, ServerState};
-    use std::time::Duration;
-
-    /// A leader of term 3 that applied up to `applied` and heard from a quorum
-    /// `quorum_ms` ago.
-    fn leader(
-        applied: openraft::LogId<u64>,
-        quorum_ms: u64,
-    ) -> RaftMetrics<u64, openraft::BasicNode> {
-        let mut m = RaftMetrics::new_initial(1);
-        m.current_term = 3;
-        m.state = ServerState::Leader;
-        m.current_leader = Some(1);
-        m.last_applied = Some(applied);
-        m.millis_since_quorum_ack = Some(quorum_ms);
-        m
-    }
-
-    #[test]
-    fn a_leader_answers_a_follower_only_while_fresh_and_past_its_own_first_entry() {
-        let bound = Duration::from_millis(2000);
-        assert_eq!(
-            answer_for_follower(&leader(log_id(3, 40), 100), bound),
-            Some(40)
-        );
-        // A new leader that has not applied an entry of its own term may not have applied
-        // what its predecessor acknowledged (finding F11).
-        assert_eq!(
-            answer_for_follower(&leader(log_id(2, 39), 100), bound),
-            None
-        );
-        // Its lease is counted against half the bound: the follower's asking spends the
-        // other half.
-        assert_eq!(
-            answer_for_follower(&leader(log_id(3, 40), 999), bound),
-            Some(40)
-        );
-        assert_eq!(
-            answer_for_follower(&leader(log_id(3, 40), 1000), bound),
-            None
-        );
-        let mut m = leader(log_id(3, 40), 100);
-        m.millis_since_quorum_ack = None;
-        assert_eq!(answer_for_follower(&m, bound), None);
-        let mut m = leader(log_id(3, 40), 100);
-        m.state = ServerState::Follower;
-        assert_eq!(answer_for_follower(&m, bound), None);
     }
 }
