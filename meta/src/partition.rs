@@ -70,6 +70,8 @@ pub struct Partition {
     snapshot_chunk_at: Mutex<Option<Instant>>,
     /// One AppendEntries at a time in the Raft core (see [`Partition::append_entries`]).
     appends: Arc<Semaphore>,
+    /// When the Raft core last reported its metrics (see [`leader_fresh`]).
+    metrics_at: Arc<Mutex<Instant>>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -102,8 +104,14 @@ impl Partition {
             handing_over: std::sync::atomic::AtomicBool::new(false),
             snapshot_chunk_at: Mutex::new(None),
             appends: Arc::new(Semaphore::new(1)),
+            metrics_at: Arc::new(Mutex::new(Instant::now())),
         });
         tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
+        tasks.spawn(watch_metrics(
+            raft.metrics(),
+            p.metrics_at.clone(),
+            cancel.clone(),
+        ));
         tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
         p
     }
@@ -189,7 +197,7 @@ impl Partition {
                 return false;
             }
             if m.state == ServerState::Leader {
-                return leader_fresh(&m, bound);
+                return leader_fresh(&m, bound, self.metrics_age());
             }
             m.last_applied.map(|l| l.index).unwrap_or(0)
         };
@@ -225,7 +233,17 @@ impl Partition {
     pub fn leads_fresh(&self, bound: Duration) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow();
-        m.running_state.is_ok() && m.state == ServerState::Leader && leader_fresh(&m, bound)
+        m.running_state.is_ok()
+            && m.state == ServerState::Leader
+            && leader_fresh(&m, bound, self.metrics_age())
+    }
+
+    /// How long ago the Raft core last reported its metrics.
+    fn metrics_age(&self) -> Duration {
+        self.metrics_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
     }
 
     /// Hands the leadership on, or stops doing so: while `on`, this replica neither
@@ -342,14 +360,45 @@ impl Partition {
 }
 
 /// A leader's relaxed reads are fresh: it applied an entry of its own term and heard
-/// from a quorum within `bound`.
-fn leader_fresh(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>, bound: Duration) -> bool {
+/// from a quorum within `bound`, by metrics `m` that its Raft core reported `reported_ago`.
+///
+/// openraft works out the time since a quorum's ack when its core reports its metrics, at
+/// every turn of its loop (a running core turns at least at every tick, one and a half
+/// heartbeat intervals). A core that is stuck (its log waiting for disk room) reports
+/// nothing, and the last report's figure would stay young for as long as it stays stuck:
+/// the time since that report counts too.
+fn leader_fresh(
+    m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    bound: Duration,
+    reported_ago: Duration,
+) -> bool {
     let applied_own_term = m
         .last_applied
         .is_some_and(|l| l.leader_id.term == m.current_term);
+    let reported_ago = u64::try_from(reported_ago.as_millis()).unwrap_or(u64::MAX);
     applied_own_term
         && m.millis_since_quorum_ack
-            .is_some_and(|ms| ms < bound.as_millis() as u64)
+            .is_some_and(|ms| ms.saturating_add(reported_ago) < bound.as_millis() as u64)
+}
+
+/// Records in `at` when the Raft core last reported its metrics, until `cancel` or until
+/// the core stops.
+async fn watch_metrics(
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>,
+    at: Arc<Mutex<Instant>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                *at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            }
+        }
+    }
 }
 
 fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
@@ -520,5 +569,29 @@ async fn read_barrier(
         for w in waiters {
             let _ = w.send(res.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leader_fresh;
+    use crate::network::tests::log_id;
+    use openraft::{RaftMetrics, ServerState};
+    use std::time::Duration;
+
+    #[test]
+    fn a_leaders_lease_counts_the_time_since_its_core_reported() {
+        let mut m = RaftMetrics::<u64, openraft::BasicNode>::new_initial(1);
+        m.current_term = 3;
+        m.state = ServerState::Leader;
+        m.last_applied = Some(log_id(3, 40));
+        m.millis_since_quorum_ack = Some(100);
+        let bound = Duration::from_millis(2000);
+        assert!(leader_fresh(&m, bound, Duration::from_millis(50)));
+        // The same report, from a core that has not turned for two seconds.
+        assert!(!leader_fresh(&m, bound, Duration::from_millis(1900)));
+        // A leader that has not applied an entry of its own term yet (finding F11).
+        m.last_applied = Some(log_id(2, 39));
+        assert!(!leader_fresh(&m, bound, Duration::ZERO));
     }
 }
