@@ -37,7 +37,6 @@ use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
 use crate::txn::Txns;
 use crate::types::{CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
-use std::time::Duration;
 use talon_model::placement::{dir_partitions, entry_partition};
 use talon_model::{
     check_name, Attr, Backoff, Class, CreateSpec, Errno, FileKind, Ino, TalonError, Time,
@@ -182,7 +181,7 @@ impl<'a> Namespace<'a> {
     /// not heard from a quorum within the staleness bound, confirms its leadership first.
     pub async fn session_barrier(&self, p: u32) -> Result<(), TalonError> {
         let part = self.node.local(p)?;
-        if part.leads_fresh(self.staleness_bound()) {
+        if part.leads_fresh(self.node.staleness_bound()) {
             return Ok(());
         }
         part.linearizable().await
@@ -200,7 +199,7 @@ impl<'a> Namespace<'a> {
     /// its own view: a relaxed read within the staleness bound, or a linearizable one.
     /// True if the read is served relaxed (no ReadIndex was made).
     async fn read_barrier(&self, part: &Partition, relaxed: bool) -> Result<bool, TalonError> {
-        if relaxed && part.relaxed_ok(self.staleness_bound()) {
+        if relaxed && part.relaxed_ok(self.node.staleness_bound()) {
             return Ok(true);
         }
         part.linearizable().await?;
@@ -230,11 +229,6 @@ impl<'a> Namespace<'a> {
         }
         self.check_epoch_here(part, epoch)?;
         Ok(got)
-    }
-
-    /// How old a relaxed read may be (`cluster.relaxed_staleness_ms`).
-    fn staleness_bound(&self) -> Duration {
-        self.node.staleness_bound()
     }
 
     /// The class of directory `dir` as seen from `part`, and whether `part` must learn it
@@ -708,7 +702,7 @@ impl<'a> Namespace<'a> {
         // So in a relaxed directory, on a leader, it may be as old as a relaxed lookup
         // there (its own term applied, a quorum heard within the bound): an ENOENT it
         // finds is the answer that lookup gives. Elsewhere it is linearizable.
-        if !(class == Class::Relaxed && part.leads_fresh(self.staleness_bound())) {
+        if !(class == Class::Relaxed && part.leads_fresh(self.node.staleness_bound())) {
             part.linearizable().await?;
         }
         if let Some(rec) = self.applied(part, request)? {

@@ -71,7 +71,7 @@ pub struct Partition {
     /// One AppendEntries at a time in the Raft core (see [`Partition::append_entries`]).
     appends: Arc<Semaphore>,
     /// When the Raft core last reported its metrics (see [`leader_fresh`]).
-    metrics_at: Arc<Mutex<Instant>>,
+    metrics_at: Mutex<Instant>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -104,14 +104,10 @@ impl Partition {
             handing_over: std::sync::atomic::AtomicBool::new(false),
             snapshot_chunk_at: Mutex::new(None),
             appends: Arc::new(Semaphore::new(1)),
-            metrics_at: Arc::new(Mutex::new(Instant::now())),
+            metrics_at: Mutex::new(Instant::now()),
         });
         tasks.spawn(proposer(p.clone(), prx, max_batch.max(1), cancel.clone()));
-        tasks.spawn(watch_metrics(
-            raft.metrics(),
-            p.metrics_at.clone(),
-            cancel.clone(),
-        ));
+        tasks.spawn(watch_metrics(p.clone(), cancel.clone()));
         tasks.spawn(read_barrier(raft, p.id, p.peers.clone(), rrx, cancel));
         p
     }
@@ -381,13 +377,10 @@ fn leader_fresh(
             .is_some_and(|ms| ms.saturating_add(reported_ago) < bound.as_millis() as u64)
 }
 
-/// Records in `at` when the Raft core last reported its metrics, until `cancel` or until
-/// the core stops.
-async fn watch_metrics(
-    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, openraft::BasicNode>>,
-    at: Arc<Mutex<Instant>>,
-    cancel: CancellationToken,
-) {
+/// Records in `p.metrics_at` when its Raft core last reported its metrics, until `cancel`
+/// or until the core stops.
+async fn watch_metrics(p: Arc<Partition>, cancel: CancellationToken) {
+    let mut metrics = p.raft.metrics();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -395,7 +388,7 @@ async fn watch_metrics(
                 if changed.is_err() {
                     break;
                 }
-                *at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                *p.metrics_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
             }
         }
     }
