@@ -10,9 +10,11 @@
 //! commit, in the middle of a snapshot install, or after a log append before its fsync),
 //! a slow disk (every log fsync of a node held 50-300 ms), and a clock jump (the node's wall
 //! clock, as Talon reads it, moved 5 s to a day forward or back until the fault heals; the
-//! host's clock is never touched). The `*-leader` kinds, the crash, the slow disk and the
-//! clock jump aim at the node leading one of the workload's partitions, as the nodes report
-//! it; a crash in a snapshot install aims at a random node, killed at once so
+//! host's clock is never touched). A slow link trickles a node's traffic to and from every
+//! other node (16-256 kbit/s, through the namespace's loopback queue): its messages arrive
+//! in order but seconds late, while no connection breaks. The `*-leader` kinds, the crash,
+//! the slow disk, the clock jump and the slow link aim at the node leading one of the
+//! workload's partitions, as the nodes report it; a crash in a snapshot install aims at a random node, killed at once so
 //! that it comes back behind the others and is sent a snapshot when the fault heals.
 //!
 //! A schedule alternates a quiet interval with one fault held for a while, then heals
@@ -63,11 +65,13 @@ pub enum NemesisKind {
     SlowDisk,
     /// Move a partition leader's wall clock 5 s to a day forward or back.
     ClockJump,
+    /// Slow a partition leader's links to every other node to 16-256 kbit/s each way.
+    SlowLink,
 }
 
 impl NemesisKind {
     /// Every kind.
-    pub const ALL: [NemesisKind; 12] = [
+    pub const ALL: [NemesisKind; 13] = [
         NemesisKind::Kill,
         NemesisKind::KillLeader,
         NemesisKind::Pause,
@@ -80,9 +84,10 @@ impl NemesisKind {
         NemesisKind::Crash,
         NemesisKind::SlowDisk,
         NemesisKind::ClockJump,
+        NemesisKind::SlowLink,
     ];
 
-    /// Whether the kind cuts links (and so needs the firewall).
+    /// Whether the kind cuts or slows links (and so needs the firewall).
     pub fn is_network(self) -> bool {
         matches!(
             self,
@@ -90,6 +95,7 @@ impl NemesisKind {
                 | NemesisKind::IsolateLeader
                 | NemesisKind::Split
                 | NemesisKind::Bridge
+                | NemesisKind::SlowLink
         )
     }
 
@@ -116,6 +122,7 @@ impl NemesisKind {
             NemesisKind::Crash => "crash",
             NemesisKind::SlowDisk => "slow-disk",
             NemesisKind::ClockJump => "clock-jump",
+            NemesisKind::SlowLink => "slow-link",
         }
     }
 }
@@ -354,7 +361,8 @@ impl Nemesis {
             | NemesisKind::IsolateLeader
             | NemesisKind::Crash
             | NemesisKind::SlowDisk
-            | NemesisKind::ClockJump => self.leader().await.unwrap_or(random),
+            | NemesisKind::ClockJump
+            | NemesisKind::SlowLink => self.leader().await.unwrap_or(random),
             _ => random,
         };
         let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -424,6 +432,22 @@ impl Nemesis {
                 let arm = format!("{CLOCK_POINT}=return({})", secs * 1000);
                 self.arm(target, arm, false)?;
                 Ok(format!("clock-jump n{target} ({secs:+} s)"))
+            }
+            NemesisKind::SlowLink => {
+                // At 16 kbit/s the node's heartbeats alone outrun the link, so its queue
+                // grows for as long as the fault holds; at 256 a heartbeat gets through in
+                // a few milliseconds and an append of a file's body in seconds.
+                let kbit = *[16u32, 64, 256].choose(&mut self.rng).unwrap_or(&64);
+                let links: Vec<(u64, u64)> = ids
+                    .iter()
+                    .filter(|&&o| o != target)
+                    .map(|&o| (target, o))
+                    .collect();
+                match &self.firewall {
+                    Some(fw) => fw.slow(&links, kbit).map_err(|e| err(&e))?,
+                    None => return Err("network faults need the private network namespace".into()),
+                }
+                Ok(format!("slow-link n{target} ({kbit} kbit/s each way)"))
             }
             NemesisKind::Bridge => {
                 ids.shuffle(&mut self.rng);

@@ -12,6 +12,11 @@
 //! node B's address are dropped", and the same the other way. The harness's clients run
 //! with group 0 and are never cut off.
 //!
+//! Links are slowed the same way, with a rule that files the packets under a traffic class
+//! instead of dropping them: the namespace's loopback device has an HTB queue whose one
+//! class sends at a trickle, so a slowed link stays up and delivers everything, in order,
+//! seconds late once its queue fills. Packets no rule files go straight through.
+//!
 //! A [`Firewall`] can only be made from the [`NetNs`] token that entering the namespace
 //! returns, so no code path runs `nft` in the host's namespace.
 
@@ -21,6 +26,12 @@ use std::process::{Command, Stdio};
 
 /// Name of the nftables table the harness owns inside its namespace.
 const TABLE: &str = "talon_jepsen";
+
+/// The HTB class of slowed links, as `tc` and nftables' `meta priority` name it.
+const SLOW_CLASS: &str = "1:10";
+
+/// The slow class's rate while no link is slowed: its queue, if any, drains at once.
+const FAST_RATE: &str = "10gbit";
 
 /// Errors setting up the namespace or the filter.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +43,9 @@ pub enum NetError {
     /// A namespace check failed.
     #[error("{0}")]
     NotPrivate(String),
+    /// A link was to be slowed by a firewall made without the loopback queue for it.
+    #[error("this run's firewall has no queue for slowed links")]
+    NoShaper,
     /// A command failed.
     #[error("{cmd}: {detail}")]
     Command {
@@ -118,25 +132,46 @@ pub fn enter_private_netns() -> Result<NetNs, NetError> {
     Ok(NetNs { inode: after })
 }
 
-/// The nftables table of the harness's namespace.
+/// The nftables table of the harness's namespace, and the loopback queue that slows links.
 #[derive(Debug)]
 pub struct Firewall {
     ns: String,
+    /// Whether the loopback device has the queue of slowed links.
+    shaper: bool,
 }
 
 impl Firewall {
-    /// Creates the (empty) table in the namespace `ns` proves this process is in.
-    pub fn new(ns: &NetNs) -> Result<Firewall, NetError> {
+    /// Creates the (empty) table in the namespace `ns` proves this process is in and, with
+    /// `shaper`, the loopback device's queue for slowed links (the kernel's `sch_htb`).
+    pub fn new(ns: &NetNs, shaper: bool) -> Result<Firewall, NetError> {
         let fw = Firewall {
             ns: ns.inode.clone(),
+            shaper,
         };
+        fw.check_ns()?;
+        if shaper {
+            // Unfiled packets (`default 0`) bypass the classes.
+            run(
+                "tc",
+                &[
+                    "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "0",
+                ],
+                None,
+            )?;
+            run(
+                "tc",
+                &[
+                    "class", "add", "dev", "lo", "parent", "1:", "classid", SLOW_CLASS, "htb",
+                    "rate", FAST_RATE,
+                ],
+                None,
+            )?;
+        }
         fw.apply(&[])?;
         Ok(fw)
     }
 
-    /// Replaces the rules so that exactly the links in `cut` (pairs of node ids) drop
-    /// packets, in both directions. An empty list heals every link.
-    pub fn apply(&self, cut: &[(u64, u64)]) -> Result<(), NetError> {
+    fn check_ns(&self) -> Result<(), NetError> {
         let now = netns_id()?;
         if now != self.ns {
             return Err(NetError::NotPrivate(format!(
@@ -144,14 +179,53 @@ impl Firewall {
                 self.ns
             )));
         }
+        Ok(())
+    }
+
+    /// Replaces the rules so that exactly the links in `cut` (pairs of node ids) drop
+    /// packets, in both directions. An empty list heals every link, slowed ones included.
+    pub fn apply(&self, cut: &[(u64, u64)]) -> Result<(), NetError> {
+        self.rules(cut, "drop")?;
+        if self.shaper {
+            self.slow_rate(FAST_RATE)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the rules so that exactly the links in `slow` (pairs of node ids) carry
+    /// `kbit` kilobits a second, shared by every connection on them, in both directions.
+    pub fn slow(&self, slow: &[(u64, u64)], kbit: u32) -> Result<(), NetError> {
+        if !self.shaper {
+            return Err(NetError::NoShaper);
+        }
+        self.slow_rate(&format!("{kbit}kbit"))?;
+        self.rules(slow, &format!("meta priority set {SLOW_CLASS}"))
+    }
+
+    fn slow_rate(&self, rate: &str) -> Result<(), NetError> {
+        self.check_ns()?;
+        run(
+            "tc",
+            &[
+                "class", "change", "dev", "lo", "parent", "1:", "classid", SLOW_CLASS, "htb",
+                "rate", rate,
+            ],
+            None,
+        )
+    }
+
+    /// Replaces the table with one rule per direction of each link in `links`, ending in
+    /// `verdict`.
+    fn rules(&self, links: &[(u64, u64)], verdict: &str) -> Result<(), NetError> {
+        self.check_ns()?;
         let mut script = format!(
             "table inet {TABLE} {{}}\ndelete table inet {TABLE}\n\
              table inet {TABLE} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n"
         );
-        for &(a, b) in cut {
+        for &(a, b) in links {
             for (from, to) in [(a, b), (b, a)] {
                 script.push_str(&format!(
-                    "    meta skgid {} ip daddr {} drop\n",
+                    "    meta skgid {} ip daddr {} {verdict}\n",
                     NODE_GID_BASE + from as u32,
                     node_ip(to)
                 ));

@@ -220,7 +220,10 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
 
     let needs_net = cfg.nemeses.iter().any(|k| k.is_network());
     let firewall = if needs_net {
-        Some(Firewall::new(ns)?)
+        Some(Firewall::new(
+            ns,
+            cfg.nemeses.contains(&NemesisKind::SlowLink),
+        )?)
     } else {
         None
     };

@@ -178,7 +178,7 @@ async fn scenario(cluster: &Cluster, fw: &Firewall) -> Result<(), String> {
 fn a_deposed_leader_takes_proposals_after_a_snapshot_covers_its_own() {
     // Before any thread of this test's own: threads started later share the namespace.
     let ns = enter_private_netns().expect("a network namespace of this test's own (root)");
-    let fw = Firewall::new(&ns).expect("an nftables table in the test's namespace");
+    let fw = Firewall::new(&ns, false).expect("an nftables table in the test's namespace");
     let dir = tempfile::Builder::new()
         .prefix("talon-deposed-")
         .tempdir()
