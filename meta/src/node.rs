@@ -863,20 +863,25 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
     }
 }
 
-/// Asks the leader of every partition this node follows for its applied index, every
+/// Asks the leader of every partition this node follows and reads relaxed from lately
+/// (`Partition::wants_leader_answers`, within two bounds) for its applied index, every
 /// quarter of the staleness bound, so that the replica may serve relaxed reads for a bound
 /// after each question answered (`Partition::relaxed_ok`); stops on `cancel`. A question
 /// is given up after a quarter bound: a lost one leaves the last answer standing.
 async fn leader_answer_loop(node: Arc<Node>, cancel: CancellationToken) {
-    let period = (node.staleness_bound() / 4).max(Duration::from_millis(10));
-    every(period, &cancel, || node.ask_leaders(period)).await;
+    let bound = node.staleness_bound();
+    let period = (bound / 4).max(Duration::from_millis(10));
+    every(period, &cancel, || node.ask_leaders(period, bound * 2)).await;
 }
 
 impl Node {
-    /// One round of [`leader_answer_loop`]: every question at once, each given up after
-    /// `within`.
-    async fn ask_leaders(&self, within: Duration) {
+    /// One round of [`leader_answer_loop`]: a question for every partition read relaxed
+    /// within `read_within`, all at once, each given up after `within`.
+    async fn ask_leaders(&self, within: Duration, read_within: Duration) {
         let asks = self.partitions.iter().filter_map(|(&p, part)| {
+            if !part.wants_leader_answers(read_within) {
+                return None;
+            }
             let leader = part.leader().filter(|&l| l != self.config.node_id)?;
             Some(async move {
                 let asked = Instant::now();

@@ -15,7 +15,9 @@
 //! A follower serves relaxed reads on the strength of its own round trip to its leader
 //! ([`Partition::relaxed_ok`], [`Partition::note_leader_answer`]; `node`'s loop asks, and
 //! the leader answers after a ReadIndex): the time that counts is when it asked, on its own
-//! clock, so no message delayed in the network can make old state look fresh.
+//! clock, so no message delayed in the network can make old state look fresh. It asks only
+//! while relaxed reads come to it ([`Partition::wants_leader_answers`]): a follower nobody
+//! reads from costs its leader no ReadIndex and its links no traffic.
 //!
 //! A proposal holds one of the few in-flight slots only while this replica leads in the
 //! term it was made in. openraft answers a proposal when its entry applies or is cut from
@@ -58,9 +60,9 @@ pub struct Partition {
     peers: Arc<Peers>,
     proposals: mpsc::Sender<(Command, Reply)>,
     reads: mpsc::Sender<oneshot::Sender<Result<(), TalonError>>>,
-    /// When this follower last asked its leader for its applied index (by its own clock,
-    /// at the asking), and the answer: see [`Partition::relaxed_ok`].
-    leader_answer: Mutex<Option<(Instant, u64)>>,
+    /// What this replica, as a follower, knows for relaxed reads, and when it last had one
+    /// to answer: see [`Partition::relaxed_ok`].
+    follower_reads: Mutex<FollowerReads>,
     /// Set while this node's disk is full and another replica should take the leadership:
     /// proposals and linearizable reads are then refused as from a follower, so that
     /// nothing this leader does renews the other replicas' leader lease.
@@ -72,6 +74,16 @@ pub struct Partition {
     appends: Arc<Semaphore>,
     /// When the Raft core last reported its metrics (see [`leader_fresh`]).
     metrics_at: Mutex<Instant>,
+}
+
+/// A follower's relaxed reads (see [`Partition::relaxed_ok`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct FollowerReads {
+    /// When this follower last asked its leader for its applied index (by its own clock, at
+    /// the asking), and the answer.
+    answer: Option<(Instant, u64)>,
+    /// When a relaxed read last came to this replica while it followed.
+    wanted: Option<Instant>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -100,7 +112,7 @@ impl Partition {
             peers,
             proposals: ptx,
             reads: rtx,
-            leader_answer: Mutex::new(None),
+            follower_reads: Mutex::new(FollowerReads::default()),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             snapshot_chunk_at: Mutex::new(None),
             appends: Arc::new(Semaphore::new(1)),
@@ -197,7 +209,14 @@ impl Partition {
             }
             m.last_applied.map(|l| l.index).unwrap_or(0)
         };
-        let answer = *self.leader_answer.lock().unwrap_or_else(|p| p.into_inner());
+        let answer = {
+            let mut g = self
+                .follower_reads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            g.wanted = Some(Instant::now());
+            g.answer
+        };
         match answer {
             Some((asked, leader_applied)) => asked.elapsed() < bound && applied >= leader_applied,
             None => false,
@@ -218,10 +237,25 @@ impl Partition {
     /// Records the leader's answer to a question this follower asked at `asked`: the
     /// leader's applied index then. A late answer to an older question changes nothing.
     pub fn note_leader_answer(&self, asked: Instant, leader_applied: u64) {
-        let mut g = self.leader_answer.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none_or(|(at, _)| at <= asked) {
-            *g = Some((asked, leader_applied));
+        let mut g = self
+            .follower_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if g.answer.is_none_or(|(at, _)| at <= asked) {
+            g.answer = Some((asked, leader_applied));
         }
+    }
+
+    /// True if a relaxed read came to this replica as a follower within `within`: only
+    /// then does the node ask the leader for answers. The first relaxed read after a quiet
+    /// spell is refused (NotLeader; its client reads at the leader instead), and the node
+    /// asks from its next round on.
+    pub fn wants_leader_answers(&self, within: Duration) -> bool {
+        self.follower_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wanted
+            .is_some_and(|at| at.elapsed() < within)
     }
 
     /// True if this replica leads and a relaxed read here is within `bound` (the

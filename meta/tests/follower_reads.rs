@@ -1,6 +1,6 @@
 //! A follower serves relaxed reads only on its own question to its leader, answered within
 //! half the staleness bound: a message from the leader that arrives late does not make
-//! the follower's state count as fresh.
+//! the follower's state count as fresh. It asks only while relaxed reads come to it.
 //!
 //! A follower used to count the arrival of an AppendEntries as contact with its leader. One
 //! held up in the network for longer than a client's session window then made state older
@@ -91,5 +91,39 @@ async fn a_late_append_from_the_leader_does_not_make_a_follower_fresh() {
         !part.relaxed_ok(bound),
         "a late append from the leader makes the follower's state look fresh"
     );
+    cluster.shutdown().await;
+}
+
+/// A follower asks its leader only while relaxed reads come to it: none before the first,
+/// and it serves them from its next round of questions on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_asks_its_leader_only_once_read_from() {
+    let (mut cluster, _client) = common::cluster(3, 1).await;
+    let leader = common::settled_leader(&cluster, 0).await;
+    let follower = (1..=3).find(|&n| n != leader).expect("a follower");
+    let node = cluster.node(follower).expect("follower runs").node.clone();
+    let bound = node.staleness_bound();
+    let part = node.partitions[&0].clone();
+
+    // Two rounds of questions would have been asked and answered by now.
+    tokio::time::sleep(bound).await;
+    assert!(
+        !part.wants_leader_answers(bound * 2),
+        "the follower counts a relaxed read nobody made"
+    );
+    assert!(
+        !part.relaxed_ok(bound),
+        "the follower serves relaxed reads without having asked its leader"
+    );
+    assert!(
+        part.wants_leader_answers(bound * 2),
+        "the relaxed read refused does not make the follower ask"
+    );
+    common::eventually(
+        Duration::from_secs(30),
+        "the follower to serve relaxed reads",
+        || async { part.relaxed_ok(bound).then_some(()) },
+    )
+    .await;
     cluster.shutdown().await;
 }
