@@ -98,7 +98,7 @@ async fn a_late_append_from_the_leader_does_not_make_a_follower_fresh() {
 /// and it serves them from its next round of questions on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_asks_its_leader_only_once_read_from() {
-    let (mut cluster, _client) = common::cluster(3, 1).await;
+    let (cluster, _client) = common::cluster(3, 1).await;
     let leader = common::settled_leader(&cluster, 0).await;
     let follower = (1..=3).find(|&n| n != leader).expect("a follower");
     let node = cluster.node(follower).expect("follower runs").node.clone();
