@@ -14,8 +14,9 @@
 //! other node (16-256 kbit/s, through the namespace's loopback queue): its messages arrive
 //! in order but seconds late, while no connection breaks. The `*-leader` kinds, the crash,
 //! the slow disk, the clock jump and the slow link aim at the node leading one of the
-//! workload's partitions, as the nodes report it; a crash in a snapshot install aims at a random node, killed at once so
-//! that it comes back behind the others and is sent a snapshot when the fault heals.
+//! workload's partitions, as the nodes report it; a crash in a snapshot install aims at a
+//! random node, killed at once so that it comes back behind the others and is sent a
+//! snapshot when the fault heals.
 //!
 //! A schedule alternates a quiet interval with one fault held for a while, then heals
 //! everything: the firewall is cleared, stopped nodes continue and killed nodes restart.
@@ -443,10 +444,7 @@ impl Nemesis {
                     .filter(|&&o| o != target)
                     .map(|&o| (target, o))
                     .collect();
-                match &self.firewall {
-                    Some(fw) => fw.slow(&links, kbit).map_err(|e| err(&e))?,
-                    None => return Err("network faults need the private network namespace".into()),
-                }
+                self.firewall()?.slow(&links, kbit).map_err(|e| err(&e))?;
                 Ok(format!("slow-link n{target} ({kbit} kbit/s each way)"))
             }
             NemesisKind::Bridge => {
@@ -461,10 +459,14 @@ impl Nemesis {
     }
 
     fn cut(&self, pairs: &[(u64, u64)]) -> Result<(), String> {
-        match &self.firewall {
-            Some(fw) => fw.apply(pairs).map_err(|e| e.to_string()),
-            None => Err("network faults need the private network namespace".into()),
-        }
+        self.firewall()?.apply(pairs).map_err(|e| e.to_string())
+    }
+
+    /// The run's firewall, which network faults need.
+    fn firewall(&self) -> Result<&Firewall, String> {
+        self.firewall
+            .as_ref()
+            .ok_or_else(|| "network faults need the private network namespace".to_string())
     }
 }
 

@@ -863,11 +863,11 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
     }
 }
 
-/// Asks the leader of every partition this node follows and reads relaxed from lately
-/// (`Partition::wants_leader_answers`, within two bounds) for its applied index, every
-/// quarter of the staleness bound, so that the replica may serve relaxed reads for a bound
-/// after each question answered (`Partition::relaxed_ok`); stops on `cancel`. A question
-/// is given up after a quarter bound: a lost one leaves the last answer standing.
+/// Asks the leader of every partition that this node follows and was read relaxed from
+/// lately (`Partition::wants_leader_answers`, within two bounds) for its applied index,
+/// every quarter of the staleness bound, so that the replica may serve relaxed reads for a
+/// bound after each question answered (`Partition::relaxed_ok`); stops on `cancel`. A
+/// question is given up after a quarter bound: a lost one leaves the last answer standing.
 async fn leader_answer_loop(node: Arc<Node>, cancel: CancellationToken) {
     let bound = node.staleness_bound();
     let period = (bound / 4).max(Duration::from_millis(10));

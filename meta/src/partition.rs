@@ -247,9 +247,10 @@ impl Partition {
     }
 
     /// True if a relaxed read came to this replica as a follower within `within`: only
-    /// then does the node ask the leader for answers. The first relaxed read after a quiet
-    /// spell is refused (NotLeader; its client reads at the leader instead), and the node
-    /// asks from its next round on.
+    /// then does the node ask the leader for answers. After a quiet spell longer than
+    /// `within` plus the bound, the first relaxed read finds no fresh answer and is
+    /// refused (NotLeader; its client reads at the leader instead), and the node asks from
+    /// its next round on.
     pub fn wants_leader_answers(&self, within: Duration) -> bool {
         self.follower_reads
             .lock()
