@@ -377,12 +377,7 @@ impl Nemesis {
                 Ok(format!("{} n{target}", kind.name()))
             }
             NemesisKind::Isolate | NemesisKind::IsolateLeader => {
-                let cut: Vec<(u64, u64)> = ids
-                    .iter()
-                    .filter(|&&o| o != target)
-                    .map(|&o| (target, o))
-                    .collect();
-                self.cut(&cut)?;
+                self.cut(&links_of(target, &ids))?;
                 Ok(format!("{} n{target}", kind.name()))
             }
             NemesisKind::Split => {
@@ -439,12 +434,9 @@ impl Nemesis {
                 // grows for as long as the fault holds; at 256 a heartbeat gets through in
                 // a few milliseconds and an append of a file's body in seconds.
                 let kbit = *[16u32, 64, 256].choose(&mut self.rng).unwrap_or(&64);
-                let links: Vec<(u64, u64)> = ids
-                    .iter()
-                    .filter(|&&o| o != target)
-                    .map(|&o| (target, o))
-                    .collect();
-                self.firewall()?.slow(&links, kbit).map_err(|e| err(&e))?;
+                self.firewall()?
+                    .slow(&links_of(target, &ids), kbit)
+                    .map_err(|e| err(&e))?;
                 Ok(format!("slow-link n{target} ({kbit} kbit/s each way)"))
             }
             NemesisKind::Bridge => {
@@ -468,6 +460,14 @@ impl Nemesis {
             .as_ref()
             .ok_or_else(|| "network faults need the private network namespace".to_string())
     }
+}
+
+/// The links between `node` and every other node of `ids`.
+fn links_of(node: u64, ids: &[u64]) -> Vec<(u64, u64)> {
+    ids.iter()
+        .filter(|&&o| o != node)
+        .map(|&o| (node, o))
+        .collect()
 }
 
 fn across(a: &[u64], b: &[u64]) -> Vec<(u64, u64)> {

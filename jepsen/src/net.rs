@@ -158,14 +158,7 @@ impl Firewall {
                 ],
                 None,
             )?;
-            run(
-                "tc",
-                &[
-                    "class", "add", "dev", "lo", "parent", "1:", "classid", SLOW_CLASS, "htb",
-                    "rate", FAST_RATE,
-                ],
-                None,
-            )?;
+            fw.slow_class("add", FAST_RATE)?;
         }
         fw.apply(&[])?;
         Ok(fw)
@@ -187,7 +180,7 @@ impl Firewall {
     pub fn apply(&self, cut: &[(u64, u64)]) -> Result<(), NetError> {
         self.rules(cut, "drop")?;
         if self.shaper {
-            self.slow_rate(FAST_RATE)?;
+            self.slow_class("change", FAST_RATE)?;
         }
         Ok(())
     }
@@ -198,17 +191,18 @@ impl Firewall {
         if !self.shaper {
             return Err(NetError::NoShaper);
         }
-        self.slow_rate(&format!("{kbit}kbit"))?;
+        self.slow_class("change", &format!("{kbit}kbit"))?;
         self.rules(slow, &format!("meta priority set {SLOW_CLASS}"))
     }
 
-    fn slow_rate(&self, rate: &str) -> Result<(), NetError> {
+    /// Adds (`verb` "add") or changes ("change") the slow class, sending at `rate`.
+    fn slow_class(&self, verb: &str, rate: &str) -> Result<(), NetError> {
         self.check_ns()?;
         run(
             "tc",
             &[
-                "class", "change", "dev", "lo", "parent", "1:", "classid", SLOW_CLASS, "htb",
-                "rate", rate,
+                "class", verb, "dev", "lo", "parent", "1:", "classid", SLOW_CLASS, "htb", "rate",
+                rate,
             ],
             None,
         )

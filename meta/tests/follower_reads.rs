@@ -1,6 +1,6 @@
-//! A follower serves relaxed reads only on its own question to its leader, answered within
-//! half the staleness bound: a message from the leader that arrives late does not make
-//! the follower's state count as fresh. It asks only while relaxed reads come to it.
+//! A follower serves relaxed reads only on its own question to its leader, for the
+//! staleness bound from the asking: a message from the leader that arrives late does not
+//! make the follower's state count as fresh. It asks only while relaxed reads come to it.
 //!
 //! A follower used to count the arrival of an AppendEntries as contact with its leader. One
 //! held up in the network for longer than a client's session window then made state older
@@ -105,7 +105,7 @@ async fn a_follower_asks_its_leader_only_once_read_from() {
     let bound = node.staleness_bound();
     let part = node.partitions[&0].clone();
 
-    // Two rounds of questions would have been asked and answered by now.
+    // Four rounds of questions (a quarter bound apart) would have been asked by now.
     tokio::time::sleep(bound).await;
     assert!(
         !part.wants_leader_answers(bound * 2),
