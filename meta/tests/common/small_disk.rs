@@ -6,20 +6,28 @@ use super::{eventually, settled_leader};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use talon_meta::config::SpaceConfig;
-use talon_testkit::{SmallFs, TestCluster};
+use talon_testkit::{SmallFs, TestCluster, TestClusterBuilder};
 
 /// A 3-node cluster, R = 3, whose node 3 keeps its data on a tmpfs of `bytes` with the
 /// default space thresholds and reserve. `RUST_LOG=warn` shows what the nodes say about
 /// their disks.
 pub async fn node3_on_a_small_disk(bytes: u64, partitions: u32) -> (SmallFs, TestCluster) {
+    node3_on_a_small_disk_of(bytes, TestCluster::builder().partitions(partitions)).await
+}
+
+/// As [`node3_on_a_small_disk`], with the rest of the cluster's settings from `builder`
+/// (its node count and replication are set here).
+pub async fn node3_on_a_small_disk_of(
+    bytes: u64,
+    builder: TestClusterBuilder,
+) -> (SmallFs, TestCluster) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let fs = SmallFs::mount(bytes).expect("mount a small tmpfs");
-    let cluster = TestCluster::builder()
+    let cluster = builder
         .nodes(3)
-        .partitions(partitions)
         .replication(3)
         .data_dir(3, fs.path.join("node3"))
         .node_space(3, SpaceConfig::default())
