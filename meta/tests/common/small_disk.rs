@@ -1,6 +1,6 @@
-//! A 3-node cluster whose node 3 keeps its data on a small tmpfs, and what the tests of a
-//! full disk do with it: fill that file system from outside, wait for node 3 to catch up,
-//! and read files back from nodes 2 and 3 alone.
+//! A 3-node cluster whose node 3 (or every node) keeps its data on a small tmpfs, and what
+//! the tests of a full disk do with it: fill that file system from outside, wait for the
+//! node to catch up, and read files back from nodes 2 and 3 alone.
 
 use super::{eventually, settled_leader};
 use std::path::{Path, PathBuf};
@@ -12,22 +12,14 @@ use talon_testkit::{SmallFs, TestCluster, TestClusterBuilder};
 /// default space thresholds and reserve. `RUST_LOG=warn` shows what the nodes say about
 /// their disks.
 pub async fn node3_on_a_small_disk(bytes: u64, partitions: u32) -> (SmallFs, TestCluster) {
-    node3_on_a_small_disk_of(bytes, TestCluster::builder().partitions(partitions)).await
-}
-
-/// As [`node3_on_a_small_disk`], with the rest of the cluster's settings from `builder`
-/// (its node count and replication are set here).
-pub async fn node3_on_a_small_disk_of(
-    bytes: u64,
-    builder: TestClusterBuilder,
-) -> (SmallFs, TestCluster) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let fs = SmallFs::mount(bytes).expect("mount a small tmpfs");
-    let cluster = builder
+    let cluster = TestCluster::builder()
         .nodes(3)
+        .partitions(partitions)
         .replication(3)
         .data_dir(3, fs.path.join("node3"))
         .node_space(3, SpaceConfig::default())
@@ -35,6 +27,30 @@ pub async fn node3_on_a_small_disk_of(
         .await
         .expect("cluster");
     (fs, cluster)
+}
+
+/// A 3-node cluster, R = 3, with the rest of its settings from `builder`, whose every node
+/// keeps its data on a tmpfs of its own of `bytes` (node `i` on the `i - 1`th returned),
+/// with the default space thresholds and reserve.
+pub async fn every_node_on_a_small_disk(
+    bytes: u64,
+    builder: TestClusterBuilder,
+) -> (Vec<SmallFs>, TestCluster) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let mut disks = Vec::new();
+    let mut builder = builder.nodes(3).replication(3);
+    for id in 1..=3u64 {
+        let fs = SmallFs::mount(bytes).expect("mount a small tmpfs");
+        builder = builder
+            .data_dir(id, fs.path.join(format!("node{id}")))
+            .node_space(id, SpaceConfig::default());
+        disks.push(fs);
+    }
+    let cluster = builder.start().await.expect("cluster");
+    (disks, cluster)
 }
 
 /// A client of `cluster` and the directory `/d` the tests write in.
@@ -63,16 +79,22 @@ pub fn fill(path: &Path) {
 }
 
 /// Waits for node 3 to hold its whole reserve, then fills its file system from outside
-/// twice: node 3 sees it full and releases what it may of its reserve, and the second
-/// fill takes that room too. Returns the filler's path and the reserve's size.
+/// twice (see [`fill_disk`]). Returns the filler's path and the reserve's size.
 pub async fn fill_node3_disk(cluster: &TestCluster, fs: &SmallFs) -> (PathBuf, u64) {
-    let node3 = cluster.node(3).expect("node 3").node.clone();
+    fill_disk(cluster, 3, fs).await
+}
+
+/// Waits for node `id` to hold its whole reserve, then fills its file system `fs` from
+/// outside twice: the node sees it full and releases what it may of its reserve, and the
+/// second fill takes that room too. Returns the filler's path and the reserve's size.
+pub async fn fill_disk(cluster: &TestCluster, id: u64, fs: &SmallFs) -> (PathBuf, u64) {
+    let node = cluster.node(id).expect("the node runs").node.clone();
     // A start-up holds the restart share at once, the space loop the rest soon after.
     let reserve = eventually(
         Duration::from_secs(20),
-        "node 3 to hold its reserve",
+        &format!("node {id} to hold its reserve"),
         || {
-            let r = node3.space.reading();
+            let r = node.space.reading();
             let whole = talon_meta::space::reserve_size(&SpaceConfig::default(), r.fs.total);
             async move { (r.held == whole && whole > 0).then_some(whole) }
         },
@@ -82,9 +104,9 @@ pub async fn fill_node3_disk(cluster: &TestCluster, fs: &SmallFs) -> (PathBuf, u
     fill(&filler);
     eventually(
         Duration::from_secs(20),
-        "node 3 to release its reserve",
+        &format!("node {id} to release its reserve"),
         || {
-            let held = node3.space.reading().held;
+            let held = node.space.reading().held;
             async move { (held < reserve).then_some(()) }
         },
     )
