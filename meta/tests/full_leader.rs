@@ -108,6 +108,7 @@ async fn read_loop(c: Client, r: Arc<Register>) {
     while !r.stop.load(Ordering::Relaxed) {
         let floor = r.acked.load(Ordering::SeqCst);
         let Ok(got) = c.read_file(CKPT).await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         r.reads.fetch_add(1, Ordering::Relaxed);

@@ -8,14 +8,19 @@ use std::time::Duration;
 use talon_meta::config::SpaceConfig;
 use talon_testkit::{SmallFs, TestCluster, TestClusterBuilder};
 
-/// A 3-node cluster, R = 3, whose node 3 keeps its data on a tmpfs of `bytes` with the
-/// default space thresholds and reserve. `RUST_LOG=warn` shows what the nodes say about
-/// their disks.
-pub async fn node3_on_a_small_disk(bytes: u64, partitions: u32) -> (SmallFs, TestCluster) {
+/// Sends the nodes' log lines to the test's output, filtered by `RUST_LOG`.
+fn log_to_test_output() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+}
+
+/// A 3-node cluster, R = 3, whose node 3 keeps its data on a tmpfs of `bytes` with the
+/// default space thresholds and reserve. `RUST_LOG=warn` shows what the nodes say about
+/// their disks.
+pub async fn node3_on_a_small_disk(bytes: u64, partitions: u32) -> (SmallFs, TestCluster) {
+    log_to_test_output();
     let fs = SmallFs::mount(bytes).expect("mount a small tmpfs");
     let cluster = TestCluster::builder()
         .nodes(3)
@@ -36,10 +41,7 @@ pub async fn every_node_on_a_small_disk(
     bytes: u64,
     builder: TestClusterBuilder,
 ) -> (Vec<SmallFs>, TestCluster) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    log_to_test_output();
     let mut disks = Vec::new();
     let mut builder = builder.nodes(3).replication(3);
     for id in 1..=3u64 {
