@@ -177,13 +177,6 @@ async fn try_to_lead(
     led
 }
 
-/// True if node `id` runs and claims to lead partition `p`.
-fn leads(cluster: &TestCluster, id: u64, p: u32) -> bool {
-    cluster.node(id).is_some_and(|n| {
-        n.node.partitions[&p].raft.metrics().borrow().state == openraft::ServerState::Leader
-    })
-}
-
 /// Waits until `more` renames past the current one are acknowledged.
 async fn renames_go_on(r: &Register, more: u64, what: &str) {
     let from = r.acked.load(Ordering::SeqCst);
@@ -268,11 +261,10 @@ async fn run(s: Scenario) {
     // The leader's disk fills: its log waits for room, and the others take over.
     let old = settled_leader(&cluster, p).await;
     let (filler, _) = fill_disk(&cluster, old, &disks[old as usize - 1]).await;
-    // (The old leader's Raft core waits with its log, so it may still claim to lead.)
+    // (The old leader's Raft core waits with its log, so it may still claim to lead, in
+    // the term it was deposed in.)
     eventually(Duration::from_secs(60), "a leader with room", || async {
-        (1..=3)
-            .filter(|&id| id != old)
-            .find(|&id| leads(&cluster, id, p))
+        cluster.leader_of(p).await.filter(|&id| id != old)
     })
     .await;
     renames_go_on(&r, 5, "renames while the old leader waits for room").await;

@@ -281,17 +281,19 @@ impl TestCluster {
         Ok(())
     }
 
-    /// The node that leads `partition`, if any running node claims it.
+    /// The node that leads `partition`, if any running node claims it: of several, the one
+    /// of the latest term. A deposed leader whose Raft core is stuck (its log waiting for
+    /// disk room) still claims it, with the term it was deposed in.
     pub async fn leader_of(&self, partition: u32) -> Option<u64> {
-        for (id, n) in &self.nodes {
-            let Some(n) = n else { continue };
-            if let Some(p) = n.node.partitions.get(&partition) {
-                if p.raft.metrics().borrow().state == ServerState::Leader {
-                    return Some(*id);
-                }
-            }
-        }
-        None
+        self.nodes
+            .iter()
+            .filter_map(|(id, n)| {
+                let m = n.as_ref()?.node.partitions.get(&partition)?.raft.metrics();
+                let m = m.borrow();
+                (m.state == ServerState::Leader).then_some((m.current_term, *id))
+            })
+            .max()
+            .map(|(_, id)| id)
     }
 
     /// Waits (up to 30 s) until every partition has a leader among the running nodes.
