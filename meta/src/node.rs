@@ -175,12 +175,16 @@ impl Node {
         // would take the room the reserve just gave back (see `Tuning::pause_compactions`).
         tuning.pause_compactions(space.full_since().is_some());
         let cancel = CancellationToken::new();
-        let gate = crate::raft_log::LogGate {
+        let gate = crate::space::Gate {
             space: space.clone(),
             cancel: cancel.clone(),
         };
-        let log = LogDb::open_gated(&config.data_dir.join("raft-log"), Some(gate), &tuning)
-            .map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
+        let log = LogDb::open_gated(
+            &config.data_dir.join("raft-log"),
+            Some(gate.clone()),
+            &tuning,
+        )
+        .map_err(|e| StartError::Storage(format!("open raft log: {e}")))?;
         let peers = Peers::new(
             config
                 .cluster
@@ -209,7 +213,7 @@ impl Node {
             if p == 0 {
                 check_cluster_map(&store, &config.cluster)?;
             }
-            store.watch_space(space.clone());
+            store.watch_space(gate.clone());
             stores.push((p, store));
         }
         // Every store is open (the log's WAL replayed and flushed): the restart share goes

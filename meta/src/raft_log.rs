@@ -7,6 +7,9 @@
 //! thread, which fsyncs the WAL once for every append that arrived meanwhile and then
 //! acknowledges them all — group commit across partitions. Votes are written with a sync
 //! of their own, since a vote must be durable before it is answered.
+//!
+//! A write that finds the disk full waits for room rather than fails (see
+//! `crate::space::Gate::write_waiting`).
 
 use crate::types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -45,14 +48,8 @@ pub enum LogOpenError {
     Format(#[from] crate::format::StoreFormatError),
 }
 
-/// Where appends wait for disk space: the node's space, and its stop signal.
-#[derive(Clone, Debug)]
-pub struct LogGate {
-    /// The node's data file system.
-    pub space: Arc<crate::space::Space>,
-    /// Fires when the node stops; a waiting append then fails.
-    pub cancel: tokio_util::sync::CancellationToken,
-}
+/// Where appends wait for disk space (see `crate::space`).
+pub use crate::space::Gate as LogGate;
 
 /// Longest range of entries read key by key rather than by a scan (see `entries_by_key`).
 const POINT_READS_MAX: u64 = 64;
@@ -316,7 +313,7 @@ impl LogStore {
         })
     }
 
-    fn put_meta<T: serde::Serialize>(
+    async fn put_meta<T: serde::Serialize>(
         &self,
         tag: u8,
         v: &T,
@@ -325,12 +322,32 @@ impl LogStore {
     ) -> Result<(), StorageError> {
         let b =
             crate::format::encode(v).map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+        let key = self.key(tag, None);
+        self.write_waiting(subject, ErrorVerb::Write, sync, || {
+            let mut batch = WriteBatch::default();
+            batch.put(&key, &b);
+            batch
+        })
+        .await
+    }
+
+    /// Writes the batch `build` makes, synced if `sync`; one that finds the disk full
+    /// waits for room and is written again (see [`LogGate::write_waiting`]).
+    async fn write_waiting(
+        &self,
+        subject: ErrorSubject<NodeId>,
+        verb: ErrorVerb,
+        sync: bool,
+        build: impl Fn() -> WriteBatch,
+    ) -> Result<(), StorageError> {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db
-            .db
-            .put_opt(self.key(tag, None), b, &wo)
-            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+        let what = format!("the Raft log of group {}", self.group);
+        LogGate::write_waiting(self.db.gate.as_ref(), what, || {
+            self.db.db.write_opt(build(), &wo)
+        })
+        .await
+        .map_err(|e| io_err(subject, verb, e))
     }
 
     fn decode_entry(b: &[u8]) -> Result<Entry<TypeConfig>, StorageError> {
@@ -456,7 +473,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.put_meta(b'v', vote, true, ErrorSubject::Vote)
+        self.put_meta(b'v', vote, true, ErrorSubject::Vote).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -468,6 +485,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError> {
         self.put_meta(b'c', &committed, false, ErrorSubject::Store)
+            .await
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
@@ -492,24 +510,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let mut batch = WriteBatch::default();
+        let mut puts = Vec::new();
+        let mut bytes = 0;
         for e in entries {
             let b = crate::format::encode(&e)
                 .map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
-            batch.put(self.key(b'e', Some(e.get_log_id().index)), b);
+            let k = self.key(b'e', Some(e.get_log_id().index));
+            bytes += k.len() + b.len();
+            puts.push((k, b));
         }
         if let Some(g) = &self.db.gate {
-            g.space
-                .wait_for_log_room(batch.size_in_bytes() as u64, &g.cancel)
+            g.log_room(bytes as u64)
                 .await
                 .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(false);
-        self.db
-            .db
-            .write_opt(batch, &wo)
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        self.write_waiting(ErrorSubject::Logs, ErrorVerb::Write, false, || {
+            let mut batch = WriteBatch::default();
+            for (k, b) in &puts {
+                batch.put(k, b);
+            }
+            batch
+        })
+        .await?;
         self.db.stats.appends.fetch_add(1, Ordering::Relaxed);
         match self.db.flush_sender() {
             Some(tx) => {
@@ -523,16 +545,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        let mut batch = WriteBatch::default();
-        batch.delete_range(
-            self.key(b'e', Some(log_id.index)),
-            self.key(b'e', Some(u64::MAX)),
-        );
-        batch.delete(self.key(b'e', Some(u64::MAX)));
-        self.db
-            .db
-            .write(batch)
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        let from = self.key(b'e', Some(log_id.index));
+        let last = self.key(b'e', Some(u64::MAX));
+        self.write_waiting(ErrorSubject::Logs, ErrorVerb::Delete, false, || {
+            let mut batch = WriteBatch::default();
+            batch.delete_range(&from, &last);
+            batch.delete(&last);
+            batch
+        })
+        .await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
@@ -550,16 +571,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let b = crate::format::encode(&log_id)
             .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
-        let mut batch = WriteBatch::default();
-        batch.put(self.key(b'p', None), b);
-        batch.delete_range(
+        let (mark_key, first, end) = (
+            self.key(b'p', None),
             self.key(b'e', Some(0)),
             self.key(b'e', Some(log_id.index + 1)),
         );
-        self.db
-            .db
-            .write(batch)
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        self.write_waiting(ErrorSubject::Logs, ErrorVerb::Delete, false, || {
+            let mut batch = WriteBatch::default();
+            batch.put(&mark_key, &b);
+            batch.delete_range(&first, &end);
+            batch
+        })
+        .await
     }
 }
 

@@ -109,8 +109,9 @@ pub struct SmStore {
     /// How far the stored snapshot reaches; the partition's log is never purged past it.
     mark: Arc<SnapshotMark>,
     /// The node's data file system, once the node watches it: a snapshot is built only
-    /// when its copy leaves the critical floor free.
-    space: std::sync::OnceLock<Arc<crate::space::Space>>,
+    /// when its copy leaves the critical floor free, and a write that finds the disk full
+    /// waits for room.
+    space: std::sync::OnceLock<crate::space::Gate>,
 }
 
 impl std::fmt::Debug for SmStore {
@@ -255,9 +256,10 @@ impl SmStore {
         }))
     }
 
-    /// Builds snapshots only when `space` has room for their copy (see `build_snapshot`).
-    pub fn watch_space(&self, space: Arc<crate::space::Space>) {
-        let _ = self.space.set(space);
+    /// Builds snapshots only when the gate's space has room for their copy (see
+    /// `build_snapshot`), and has writes that find the disk full wait there.
+    pub fn watch_space(&self, gate: crate::space::Gate) {
+        let _ = self.space.set(gate);
     }
 
     /// Fault injection for tests of storage failures: while `on`, every apply on this
@@ -413,7 +415,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     // building at once do not each count the same free bytes.
     let _claim = match store.space.get() {
         None => None,
-        Some(space) => match space.claim(store.disk_bytes()) {
+        Some(gate) => match gate.space.claim(store.disk_bytes()) {
             Ok(c) => Some(c),
             Err(why) => match keep_stored_snapshot(store, &why).map_err(werr)? {
                 Some(kept) => return Ok(kept),
@@ -550,26 +552,16 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             results.push(res);
         }
         let Some(last) = last else { return Ok(results) };
-        let mut batch = WriteBatch::default();
-        let mut deleted_data = 0u64;
-        for (k, v) in overlay {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => {
-                    if matches!(k.first(), Some(&keys::tag::BODY) | Some(&keys::tag::CHUNK)) {
-                        deleted_data += 1;
-                    }
-                    batch.delete(k)
-                }
-            }
-        }
+        let deleted_data = overlay
+            .iter()
+            .filter(|(k, v)| {
+                v.is_none() && matches!(k.first(), Some(&keys::tag::BODY) | Some(&keys::tag::CHUNK))
+            })
+            .count() as u64;
         self.store
             .deletes
             .fetch_add(deleted_data, std::sync::atomic::Ordering::Relaxed);
-        batch.put(meta::APPLIED, enc(&last));
-        if let Some(m) = membership {
-            batch.put(meta::MEMBERSHIP, enc(&m));
-        }
+        let (applied, membership) = (enc(&last), membership.map(|m| enc(&m)));
         if self
             .store
             .fail_writes
@@ -586,7 +578,23 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         // after a flush). A clean stop flushes the memtable.
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
-        db.write_opt(batch, &wo)
+        let write = || {
+            let mut batch = WriteBatch::default();
+            for (k, v) in &overlay {
+                match v {
+                    Some(v) => batch.put(k, v),
+                    None => batch.delete(k),
+                }
+            }
+            batch.put(meta::APPLIED, &applied);
+            if let Some(m) = &membership {
+                batch.put(meta::MEMBERSHIP, m);
+            }
+            db.write_opt(batch, &wo)
+        };
+        let what = format!("partition {}'s store", self.store.partition);
+        crate::space::Gate::write_waiting(self.store.space.get(), what, write)
+            .await
             .map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
         Ok(results)
     }

@@ -15,7 +15,8 @@
 //! - `Critical`: less than a sliver is left, even after the release (a follower whose
 //!   leader, on another node, still accepts writes). Log appends wait for room instead of
 //!   failing inside RocksDB, which would stop the node's Raft groups; small ones (the
-//!   deletes that give room back) only at half that floor.
+//!   deletes that give room back) only at half that floor. A write that finds the disk
+//!   full all the same waits for room and tries again ([`Gate::write_waiting`]).
 //!
 //! The reserve's other half, the restart share, only a start-up releases: whatever takes
 //! the room a full node gave back (its own snapshots, compactions, another process), a
@@ -35,6 +36,10 @@ pub const FRESH: std::time::Duration = std::time::Duration::from_millis(20);
 /// Log appends of at most this many bytes wait at half the critical floor only (see
 /// [`Space::wait_for_log_room`]).
 pub const SMALL_APPEND: u64 = 64 << 10;
+
+/// How often a store write that found the disk full tries again once there is room
+/// (RocksDB looks for room to recover every 5 s).
+const WRITE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The reserve file's name in the data directory.
 pub const RESERVE_FILE: &str = "space.reserve";
@@ -706,5 +711,68 @@ mod tests {
         assert!(!dir.path().join(RESERVE_FILE).exists());
         s.hold_restart_share().expect("hold the share");
         assert_eq!(len(), MIB / 2);
+    }
+}
+
+/// Where a node's stores wait for disk space: the node's space, and its stop signal.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    /// The node's data file system.
+    pub space: Arc<Space>,
+    /// Fires when the node stops; a waiting write then fails.
+    pub cancel: CancellationToken,
+}
+
+/// Whether `e`, an error of RocksDB, reports a full disk: in the write itself, or in the
+/// memtable flush or compaction whose failure RocksDB now answers every write with.
+pub fn is_no_space(e: &impl std::fmt::Display) -> bool {
+    e.to_string().contains("No space left on device")
+}
+
+impl Gate {
+    /// Waits until `bytes` more of log can be written (see [`Space::wait_for_log_room`]).
+    pub async fn log_room(&self, bytes: u64) -> std::io::Result<()> {
+        self.space.wait_for_log_room(bytes, &self.cancel).await
+    }
+
+    /// Runs `write`, a write of `store` (named in the log), until it succeeds or fails for
+    /// another reason than a full disk, and waits for room between tries. Once a memtable
+    /// flush has run out of room, RocksDB refuses every write until it has recovered by
+    /// itself, which it tries when the disk has room again; an error instead would stop the
+    /// Raft group that asked for the write, and with it the partition on this node, until
+    /// the node restarts. Every try writes the whole batch anew (RocksDB takes the batch it
+    /// writes), and the stores' batches put and delete whole keys, so that is harmless.
+    /// Ends with an error when the node stops. Without a gate, `write` is tried once.
+    pub async fn write_waiting<E: std::error::Error + Send + Sync + 'static>(
+        gate: Option<&Gate>,
+        store: impl std::fmt::Display,
+        mut write: impl FnMut() -> Result<(), E>,
+    ) -> std::io::Result<()> {
+        let mut waited = false;
+        loop {
+            let e = match write() {
+                Ok(()) => {
+                    if waited {
+                        tracing::info!("writes of {store} go on after a full disk");
+                    }
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            let Some(g) = gate.filter(|_| is_no_space(&e)) else {
+                return Err(std::io::Error::other(e));
+            };
+            if !waited {
+                tracing::warn!("a write of {store} found the disk full; it waits for room: {e}");
+                waited = true;
+            }
+            g.log_room(0).await?;
+            tokio::select! {
+                _ = g.cancel.cancelled() => {
+                    return Err(std::io::Error::other("the node stops while its disk is full"));
+                }
+                _ = tokio::time::sleep(WRITE_RETRY) => {}
+            }
+        }
     }
 }

@@ -182,3 +182,115 @@ async fn a_node_restarts_on_a_disk_left_full() {
     cluster.shutdown().await;
     drop(fs);
 }
+
+/// A write of a node's Raft log or of a partition's store that finds the disk full waits
+/// for room and tries again, instead of failing: a failed write stops the partition's Raft
+/// group until the node restarts. Here a memtable flush into a disk taken to its last byte
+/// puts the store's database in error, so that RocksDB refuses every write until it has
+/// recovered by itself, once there is room (the full-leader test's second case stopped
+/// partitions this way). A write still waiting when the node stops fails rather than hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_write_after_a_failed_flush_waits_for_room() {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use std::sync::Arc;
+    use talon_meta::raft_log::{LogDb, LogGate};
+    use talon_meta::sm::{PartitionSm, SmStore};
+    use talon_meta::space::Space;
+    use talon_meta::types::TypeConfig;
+
+    let fs = talon_testkit::SmallFs::mount(64 << 20).expect("mount a small tmpfs");
+    let dir = fs.path.join("node");
+    std::fs::create_dir(&dir).expect("make the node's directory");
+    let space = Arc::new(
+        Space::open(&dir, talon_meta::config::SpaceConfig::default()).expect("open the space"),
+    );
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let gate = LogGate {
+        space,
+        cancel: cancel.clone(),
+    };
+    let tuning = talon_meta::tuning::Tuning::with_budget(4 << 20);
+    let log = LogDb::open_gated(&dir.join("raft-log"), Some(gate.clone()), &tuning)
+        .expect("open the log");
+    let mut group = log.group(1);
+    let store = SmStore::open_tuned(&dir.join("sm"), 3, b"", tuning).expect("open the store");
+    store.watch_space(gate);
+    let mut sm = PartitionSm::new(store.clone());
+    let filler = fs.path.join("filler");
+    let blank = |i| Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+        payload: EntryPayload::Blank,
+    };
+
+    // The log: once room comes back, the vote's write goes through.
+    group.save_vote(&Vote::new(1, 1)).await.expect("a vote");
+    let vote = {
+        let mut group = group.clone();
+        async move { ((), group.save_vote(&Vote::new(2, 1)).await) }
+    };
+    let write = stalled(|| log.store().flush(), &filler, vote).await;
+    std::fs::remove_file(&filler).expect("remove the filler");
+    room_lets_it_through(write).await;
+    assert_eq!(
+        group.read_vote().await.expect("read the vote"),
+        Some(Vote::new(2, 1))
+    );
+
+    // The partition's store: so does the apply of an entry.
+    sm.apply([blank(1)]).await.expect("apply");
+    let apply = async move {
+        let res = sm.apply([blank(2)]).await.map(|_| ());
+        (sm, res)
+    };
+    let write = stalled(|| store.db().flush(), &filler, apply).await;
+    std::fs::remove_file(&filler).expect("remove the filler");
+    let mut sm = room_lets_it_through(write).await;
+    let (applied, _) = sm.applied_state().await.expect("applied state");
+    assert_eq!(applied.map(|a| a.index), Some(2));
+
+    // The node stops while the disk is still full: the write fails.
+    group.save_vote(&Vote::new(3, 1)).await.expect("a vote");
+    let vote = async move { ((), group.save_vote(&Vote::new(4, 1)).await) };
+    let write = stalled(|| log.store().flush(), &filler, vote).await;
+    cancel.cancel();
+    let ((), res) = tokio::time::timeout(Duration::from_secs(10), write)
+        .await
+        .expect("the write ends once the node stops")
+        .expect("join");
+    assert!(res.is_err(), "a write cut short by the stop fails: {res:?}");
+    std::fs::remove_file(&filler).expect("remove the filler");
+}
+
+/// Fills the disk at `filler` and fails a `flush` of what a store holds in memory; returns
+/// `write` started then, checked to be still waiting after a while.
+async fn stalled<T: Send + 'static, E: std::fmt::Debug + Send + 'static>(
+    flush: impl FnOnce() -> Result<(), rocksdb::Error>,
+    filler: &std::path::Path,
+    write: impl std::future::Future<Output = (T, Result<(), E>)> + Send + 'static,
+) -> tokio::task::JoinHandle<(T, Result<(), E>)> {
+    common::small_disk::fill(filler);
+    let e = flush().expect_err("a flush into a full disk fails");
+    assert!(e.to_string().contains("No space left"), "{e}");
+    let write = tokio::spawn(write);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !write.is_finished(),
+        "the write waits for room: {:?}",
+        write.await.map(|(_, res)| res)
+    );
+    write
+}
+
+/// What `write`, a stalled write of a store, ends with once the disk has room again: it
+/// must succeed within a minute (RocksDB looks for room to recover every 5 s).
+async fn room_lets_it_through<T, E: std::fmt::Debug>(
+    write: tokio::task::JoinHandle<(T, Result<(), E>)>,
+) -> T {
+    let (out, res) = tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .expect("the write goes through within a minute of room")
+        .expect("join");
+    res.expect("the write succeeds");
+    out
+}
