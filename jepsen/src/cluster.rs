@@ -20,7 +20,7 @@ use crate::disk::{DiskError, Disks};
 use crate::net::NetNs;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -129,7 +129,8 @@ pub struct Cluster {
     starts: u64,
     /// Dropped after the nodes are killed (see `Drop`), which unmounts them.
     disks: Option<Disks>,
-    filled: BTreeSet<u64>,
+    /// Filled disks, by node: whether healing restarts the node too.
+    filled: BTreeMap<u64, bool>,
     exits: Vec<Exit>,
 }
 
@@ -196,7 +197,7 @@ impl Cluster {
             nodes,
             starts: 0,
             disks: None,
-            filled: BTreeSet::new(),
+            filled: BTreeMap::new(),
             exits: Vec::new(),
         })
     }
@@ -231,14 +232,17 @@ impl Cluster {
         Ok(())
     }
 
-    /// Fills node `id`'s data file system; returns the bytes taken.
-    pub fn fill_disk(&mut self, id: u64) -> Result<u64, ClusterError> {
+    /// Fills node `id`'s data file system; returns the bytes taken. Healing frees it, and
+    /// with `restart` also restarts the node, as an operator may; without, the node comes
+    /// back by itself.
+    pub fn fill_disk(&mut self, id: u64, restart: bool) -> Result<u64, ClusterError> {
         if self.disks.is_none() {
             return Err(ClusterError::NoDisks);
         }
         self.node(id)?;
         let n = Disks::fill(&self.data_dir(id))?;
-        self.filled.insert(id);
+        let again = self.filled.entry(id).or_insert(restart);
+        *again |= restart;
         Ok(n)
     }
 
@@ -458,12 +462,14 @@ impl Cluster {
         Ok(())
     }
 
-    /// Frees every filled disk (restarting its node, as an operator would after freeing
-    /// space), continues every paused node and starts every dead one.
+    /// Frees every filled disk (restarting its node where the fault said so), continues
+    /// every paused node and starts every dead one.
     pub fn heal(&mut self) -> Result<(), ClusterError> {
-        for id in std::mem::take(&mut self.filled) {
+        for (id, restart) in std::mem::take(&mut self.filled) {
             Disks::drain(&self.data_dir(id))?;
-            self.kill(id)?;
+            if restart {
+                self.kill(id)?;
+            }
         }
         for id in self.ids() {
             match self.state(id) {

@@ -3,7 +3,8 @@
 //! Faults are SIGKILL (the node is restarted when the fault heals), SIGSTOP (continued with
 //! SIGCONT), network partitions cut with the namespace's packet filter (one node isolated,
 //! a majority/minority split, and a bridge: two halves that only a middle node reaches),
-//! a full data disk (freed, and the node restarted, when the fault heals), and two kinds
+//! a full data disk (freed when the fault heals, and every other time, seeded, the node
+//! restarted as an operator may; otherwise it comes back by itself), and two kinds
 //! that need a `talon-meta` built with fail points: a crash at an exact step (a fail point
 //! armed to abort the node the first time it passes there: between 2PC prepare and
 //! decision, between decision and telling participants, while a participant applies the
@@ -58,7 +59,8 @@ pub enum NemesisKind {
     Split,
     /// Two halves that only one middle node reaches.
     Bridge,
-    /// Fill a random node's data file system; free it and restart the node on heal.
+    /// Fill a random node's data file system; free it on heal, and half the time (seeded)
+    /// restart the node too.
     DiskFull,
     /// Crash a node exactly at a fail point drawn from those the binary has.
     Crash,
@@ -387,8 +389,19 @@ impl Nemesis {
                 Ok(format!("split {minority:?} | {majority:?}"))
             }
             NemesisKind::DiskFull => {
-                let bytes = lock(&self.cluster).fill_disk(target).map_err(|e| err(&e))?;
-                Ok(format!("disk-full n{target} ({} MiB taken)", bytes >> 20))
+                let restart = self.rng.random_bool(0.5);
+                let bytes = lock(&self.cluster)
+                    .fill_disk(target, restart)
+                    .map_err(|e| err(&e))?;
+                let heal = if restart {
+                    "freed and restarted"
+                } else {
+                    "freed"
+                };
+                Ok(format!(
+                    "disk-full n{target} ({} MiB taken; {heal} on heal)",
+                    bytes >> 20
+                ))
             }
             NemesisKind::Crash => {
                 // In turn from a seeded start, so that a run of a few crashes meets each.
