@@ -724,7 +724,9 @@ pub struct Gate {
 }
 
 /// Whether `e`, an error of RocksDB, reports a full disk: in the write itself, or in the
-/// memtable flush or compaction whose failure RocksDB now answers every write with.
+/// memtable flush or compaction whose failure RocksDB now answers every write with. RocksDB
+/// spells its no-space status with this fixed text (not the C library's message, which
+/// the locale could change), and the Rust binding passes only the text on.
 pub fn is_no_space(e: &impl std::fmt::Display) -> bool {
     e.to_string().contains("No space left on device")
 }
