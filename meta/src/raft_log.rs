@@ -11,6 +11,7 @@
 //! A write that finds the disk full waits for room rather than fails (see
 //! `crate::space::Gate::write_waiting`).
 
+use crate::space::Gate;
 use crate::types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LogId, RaftLogId, StorageIOError, Vote};
@@ -48,9 +49,6 @@ pub enum LogOpenError {
     Format(#[from] crate::format::StoreFormatError),
 }
 
-/// Where appends wait for disk space (see `crate::space`).
-pub use crate::space::Gate as LogGate;
-
 /// Longest range of entries read key by key rather than by a scan (see `entries_by_key`).
 const POINT_READS_MAX: u64 = 64;
 
@@ -61,7 +59,7 @@ const WAL_FILES_RECYCLED: usize = 4;
 pub struct LogDb {
     db: Arc<DB>,
     /// Holds appends back while the disk is all but full (see `crate::space`).
-    gate: Option<LogGate>,
+    gate: Option<Gate>,
     stats: Arc<LogStats>,
     flush_tx: std::sync::Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
     flusher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -100,7 +98,7 @@ impl LogDb {
     /// RocksDB, which would stop the group (the leader goes on with the other replicas).
     pub fn open_gated(
         path: &Path,
-        gate: Option<LogGate>,
+        gate: Option<Gate>,
         tuning: &crate::tuning::Tuning,
     ) -> Result<Arc<LogDb>, LogOpenError> {
         let mut o = Options::default();
@@ -332,7 +330,7 @@ impl LogStore {
     }
 
     /// Writes the batch `build` makes, synced if `sync`; one that finds the disk full
-    /// waits for room and is written again (see [`LogGate::write_waiting`]).
+    /// waits for room and is written again (see [`Gate::write_waiting`]).
     async fn write_waiting(
         &self,
         subject: ErrorSubject<NodeId>,
@@ -343,7 +341,7 @@ impl LogStore {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
         let what = format!("the Raft log of group {}", self.group);
-        LogGate::write_waiting(self.db.gate.as_ref(), what, || {
+        Gate::write_waiting(self.db.gate.as_ref(), what, || {
             self.db.db.write_opt(build(), &wo)
         })
         .await

@@ -10,7 +10,7 @@
 mod common;
 
 use common::small_disk::{
-    client_with_dir, files_read_back_from_nodes_2_and_3, fill_node3_disk, node3_on_a_small_disk,
+    client_with_dir, files_read_back_from_nodes_2_and_3, fill_disk, node3_on_a_small_disk,
 };
 use common::{eventually, settled_leader};
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ fn last_log_index(cluster: &TestCluster, id: u64) -> u64 {
 async fn a_follower_whose_log_waits_for_disk_room_keeps_its_memory() {
     let (fs, mut cluster) = node3_on_a_small_disk(128 << 20, 1).await;
     let c = client_with_dir(&cluster).await;
-    let (filler, _) = fill_node3_disk(&cluster, &fs).await;
+    let (filler, _) = fill_disk(&cluster, 3, &fs).await;
     assert!(resident() > 0, "the kernel reports this process's memory");
     eventually(
         Duration::from_secs(60),

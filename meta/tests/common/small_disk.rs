@@ -80,12 +80,6 @@ pub fn fill(path: &Path) {
     let _ = f.sync_all();
 }
 
-/// Waits for node 3 to hold its whole reserve, then fills its file system from outside
-/// twice (see [`fill_disk`]). Returns the filler's path and the reserve's size.
-pub async fn fill_node3_disk(cluster: &TestCluster, fs: &SmallFs) -> (PathBuf, u64) {
-    fill_disk(cluster, 3, fs).await
-}
-
 /// Waits for node `id` to hold its whole reserve, then fills its file system `fs` from
 /// outside twice: the node sees it full and releases what it may of its reserve, and the
 /// second fill takes that room too. Returns the filler's path and the reserve's size.
