@@ -24,7 +24,7 @@ fn body(i: usize) -> Vec<u8> {
 async fn one_full_node_does_not_stop_the_cluster() {
     const PARTITIONS: u32 = 4;
     const FILES: usize = 250;
-    let (fs, mut cluster) = node3_on_a_small_disk(48 << 20, PARTITIONS).await;
+    let (mut fs, mut cluster) = node3_on_a_small_disk(48 << 20, PARTITIONS).await;
     let c = client_with_dir(&cluster).await;
 
     // 50 MB, stored twice on every replica until a snapshot: more than node 3 holds.

@@ -432,62 +432,96 @@ async fn relay(client: TcpStream, node: TcpStream, armed: Arc<AtomicU32>, lost: 
     }
 }
 
-/// A small tmpfs mounted on a temporary directory, for tests of a full disk; unmounted
-/// (lazily, so a process still holding files there cannot keep it) when dropped. Mounting
-/// needs root.
+/// A small tmpfs for tests of a full disk, mounted in a mount namespace of its own, which
+/// a helper process holds: the host never sees the mount, and the kernel drops it when the
+/// helper ends, which it does when this value is dropped or when the test process dies
+/// (its stdin, a pipe from this process, then closes), so a killed test leaves no mount
+/// behind. The test reaches the file system through the helper's `/proc/PID/root`; files
+/// it holds open stay usable after the drop, as after a lazy unmount. Mounting needs root
+/// and util-linux's `unshare`.
 pub struct SmallFs {
-    /// The mount point.
+    /// The file system's root, as this process reaches it.
     pub path: std::path::PathBuf,
-    _dir: tempfile::TempDir,
+    helper: std::process::Child,
+    control: Option<std::process::ChildStdin>,
+    answers: std::io::BufReader<std::process::ChildStdout>,
 }
+
+/// The helper: mounts the tmpfs over `/tmp` in its new private mount namespace, says so,
+/// then remounts it at each size read from stdin until stdin closes.
+const SMALL_FS_HELPER: &str = r#"
+mount -t tmpfs -o "size=$1,mode=0755" tmpfs /tmp || exit 1
+echo mounted
+while read -r size; do
+  if mount -o "remount,size=$size" /tmp; then echo ok; else echo failed; fi
+done
+"#;
 
 impl SmallFs {
     /// Mounts a tmpfs of `bytes` bytes.
     pub fn mount(bytes: u64) -> anyhow::Result<SmallFs> {
-        let dir = tempfile::Builder::new()
-            .prefix("talon-smallfs-")
-            .tempdir()?;
-        let path = dir.path().join("fs");
-        std::fs::create_dir(&path)?;
-        mount_cmd(&[
-            "-t",
-            "tmpfs",
-            "-o",
-            &format!("size={bytes}"),
-            "tmpfs",
-            &path.to_string_lossy(),
-        ])?;
-        Ok(SmallFs { path, _dir: dir })
+        use std::process::{Command, Stdio};
+        let mut helper = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(SMALL_FS_HELPER)
+            .arg("sh")
+            .arg(bytes.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("start unshare (util-linux): {e}"))?;
+        let (Some(control), Some(out)) = (helper.stdin.take(), helper.stdout.take()) else {
+            anyhow::bail!("the small file system's helper has no pipes");
+        };
+        let mut fs = SmallFs {
+            path: std::path::PathBuf::from(format!("/proc/{}/root/tmp", helper.id())),
+            helper,
+            control: Some(control),
+            answers: std::io::BufReader::new(out),
+        };
+        let said = fs.answer()?;
+        if said != "mounted" {
+            let mut why = String::new();
+            if let Some(mut e) = fs.helper.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut why);
+            }
+            anyhow::bail!(
+                "mount a tmpfs of {bytes} bytes: {} (mounting needs root)",
+                why.trim()
+            );
+        }
+        Ok(fs)
     }
 
     /// Grows (or shrinks) the file system to `bytes`, keeping its files.
-    pub fn resize(&self, bytes: u64) -> anyhow::Result<()> {
-        mount_cmd(&[
-            "-o",
-            &format!("remount,size={bytes}"),
-            &self.path.to_string_lossy(),
-        ])
+    pub fn resize(&mut self, bytes: u64) -> anyhow::Result<()> {
+        use std::io::Write;
+        let Some(control) = self.control.as_mut() else {
+            anyhow::bail!("the small file system is gone");
+        };
+        writeln!(control, "{bytes}")?;
+        control.flush()?;
+        match self.answer()?.as_str() {
+            "ok" => Ok(()),
+            other => anyhow::bail!("remount the tmpfs at {bytes} bytes: {other}"),
+        }
     }
-}
 
-fn mount_cmd(args: &[&str]) -> anyhow::Result<()> {
-    let out = std::process::Command::new("mount").args(args).output()?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "mount {}: {} (mounting needs root)",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    /// The helper's next line, empty once it has ended.
+    fn answer(&mut self) -> anyhow::Result<String> {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.answers, &mut line)?;
+        Ok(line.trim().to_string())
     }
-    Ok(())
 }
 
 impl Drop for SmallFs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.path)
-            .output();
+        // The helper's end takes the namespace, and with it the mount.
+        drop(self.control.take());
+        let _ = self.helper.kill();
+        let _ = self.helper.wait();
     }
 }
 
@@ -521,5 +555,89 @@ where
             return Err(format!("timed out waiting for {what}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SmallFs;
+    use std::time::{Duration, Instant};
+
+    /// Set in the child process of `a_killed_owner_leaves_no_small_fs_behind`.
+    const CHILD: &str = "TALON_TESTKIT_SMALL_FS_CHILD";
+
+    fn size(fs: &SmallFs) -> u64 {
+        let st = rustix::fs::statvfs(&fs.path).expect("statvfs the small file system");
+        st.f_blocks * st.f_frsize
+    }
+
+    fn in_host_mount_table(bytes: u64) -> bool {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+        let kib = format!("size={}k", bytes >> 10);
+        table
+            .lines()
+            .any(|l| l.contains("tmpfs") && l.contains(&kib))
+    }
+
+    /// The tmpfs has the size asked for, and another after a resize with its files kept;
+    /// this process's mount table never shows it; the helper ends with the value.
+    #[test]
+    fn a_small_fs_is_private_and_ends_with_its_value() {
+        const BYTES: u64 = 7 << 20;
+        let mut fs = SmallFs::mount(BYTES).expect("mount a small tmpfs");
+        assert_eq!(size(&fs), BYTES);
+        assert!(!in_host_mount_table(BYTES), "the host sees the tmpfs");
+        std::fs::write(fs.path.join("f"), b"kept").expect("write a file");
+        fs.resize(2 * BYTES).expect("grow it");
+        assert_eq!(size(&fs), 2 * BYTES);
+        assert_eq!(std::fs::read(fs.path.join("f")).expect("read"), b"kept");
+        let path = fs.path.clone();
+        drop(fs);
+        assert!(
+            std::fs::metadata(&path).is_err(),
+            "{path:?} outlives its value"
+        );
+    }
+
+    /// A test process killed with its small file system mounted leaves none behind: the
+    /// helper sees its stdin close and ends, and the kernel drops the mount with it. The
+    /// test runs itself again as the child that is killed.
+    #[test]
+    fn a_killed_owner_leaves_no_small_fs_behind() {
+        if std::env::var_os(CHILD).is_some() {
+            let fs = SmallFs::mount(5 << 20).expect("mount a small tmpfs");
+            println!("helper at {}", fs.path.display());
+            std::thread::sleep(Duration::from_secs(60));
+            return;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().expect("own path"))
+            .args([
+                "--exact",
+                "tests::a_killed_owner_leaves_no_small_fs_behind",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the child");
+        let out = child.stdout.take().expect("child's stdout");
+        let path = std::io::BufRead::lines(std::io::BufReader::new(out))
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("helper at ").map(std::path::PathBuf::from))
+            .expect("the child mounted a small file system");
+        assert!(
+            std::fs::metadata(&path).is_ok(),
+            "{path:?} while the child lives"
+        );
+        child.kill().expect("kill the child");
+        child.wait().expect("reap the child");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::metadata(&path).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "{path:?} outlived its killed owner"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
