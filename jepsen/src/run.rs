@@ -25,6 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use talon_client::{Client, ClientOptions};
 
+/// The nodes' default log filter: warnings, and the trace of strict reads (each read
+/// barrier and each strict lookup, with the applied id it answered from), which a stale
+/// read the checker finds is traced back with; a run kept for an invalid verdict has it.
+pub const DEFAULT_NODE_LOG: &str = "warn,talon_meta::strict_reads=debug";
+
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -112,7 +117,7 @@ impl RunConfig {
             disk_mib: 2048,
             talon_bin: PathBuf::from("talon"),
             snapshot_every: None,
-            node_log: "warn".into(),
+            node_log: DEFAULT_NODE_LOG.into(),
             staleness_ms: None,
         }
     }

@@ -32,10 +32,11 @@
 
 use crate::apply::{fresh_attr, is_unlinked};
 use crate::node::{Node, PeerReply, PeerRequest};
-use crate::partition::Partition;
+use crate::partition::{Partition, STRICT_READS};
 use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
 use crate::txn::Txns;
-use crate::types::{CommandResult, Expect, Op, Target};
+use crate::types::{CommandResult, Expect, NodeId, Op, Target};
+use openraft::LogId;
 use std::collections::BTreeMap;
 use talon_model::placement::{dir_partitions, entry_partition};
 use talon_model::{
@@ -388,6 +389,7 @@ impl<'a> Namespace<'a> {
     ) -> Result<(Attr, u64), TalonError> {
         check_name(name)?;
         let part = self.node.local(p)?;
+        let traced = tracing::enabled!(target: STRICT_READS, tracing::Level::DEBUG);
         // One view for the whole answer: the epoch, the parent's class where it is known
         // here (an unknown parent is not fetched for a read: absent entries answer ENOENT
         // either way), the entry, and its inode when this partition is its home.
@@ -403,6 +405,14 @@ impl<'a> Namespace<'a> {
                             .transpose()?
                     };
                     let key = crate::keys::dentry(parent, name);
+                    // The applied id this view holds, for the trace of strict reads.
+                    let applied = if traced {
+                        v.get(crate::keys::meta::APPLIED)?
+                            .map(|b| crate::records::dec::<LogId<NodeId>>(&b, "applied"))
+                            .transpose()?
+                    } else {
+                        None
+                    };
                     let mut locked = v.get(&crate::keys::lock(&key))?.is_some();
                     let dentry = v.dentry(parent, name)?;
                     let inode = match &dentry {
@@ -413,13 +423,24 @@ impl<'a> Namespace<'a> {
                         }
                         _ => None,
                     };
-                    Ok((cur_epoch, known_class, locked, dentry, inode))
+                    Ok((cur_epoch, known_class, locked, dentry, inode, applied))
                 })
                 .map_err(storage_error)
         };
-        let (cur_epoch, known_class, locked, dentry, inode) = self
+        let (cur_epoch, known_class, locked, dentry, inode, applied) = self
             .read_at_class(part, relaxed, 0, view, |(_, class, ..)| *class)
             .await?;
+        if traced && known_class == Some(Class::Strict) {
+            tracing::debug!(
+                target: STRICT_READS,
+                partition = p,
+                %parent,
+                name = %String::from_utf8_lossy(name),
+                ino = ?dentry.as_ref().map(|d| d.ino.0),
+                applied = ?applied,
+                "strict lookup answered"
+            );
+        }
         if epoch != 0 {
             check_epoch(epoch, cur_epoch)?;
         }

@@ -19,6 +19,12 @@
 //! while relaxed reads come to it ([`Partition::wants_leader_answers`]): a follower nobody
 //! reads from costs its leader no ReadIndex and its links no traffic.
 //!
+//! Strict reads leave a trace at debug level under the target [`STRICT_READS`]: each read
+//! barrier that passes (the log id it waited for, the leader's vote) and each strict lookup
+//! answered after one (the entry found, and the applied id of the state it was read from),
+//! so that a stale strict read a fault-injection run finds can be traced to the replica
+//! and the state that answered it.
+//!
 //! A proposal holds one of the few in-flight slots only while this replica leads in the
 //! term it was made in. openraft answers a proposal when its entry applies or is cut from
 //! the log, but not when a deposed leader installs a snapshot that covers the entry
@@ -565,6 +571,9 @@ async fn deposed(raft: &Raft) {
     }
 }
 
+/// The tracing target of the strict reads' trace (see the module's header).
+pub const STRICT_READS: &str = "talon_meta::strict_reads";
+
 async fn read_barrier(
     raft: Raft,
     partition: u32,
@@ -582,7 +591,17 @@ async fn read_barrier(
             waiters.push(w);
         }
         let res = match raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
+            Ok(read_log_id) => {
+                tracing::debug!(
+                    target: STRICT_READS,
+                    partition,
+                    read_log_id = ?read_log_id,
+                    vote = ?raft.metrics().borrow().vote,
+                    waiters = waiters.len(),
+                    "read barrier passed"
+                );
+                Ok(())
+            }
             Err(RaftError::APIError(e)) => {
                 let leader = match &e {
                     openraft::error::CheckIsLeaderError::ForwardToLeader(f) => f.leader_id,

@@ -6,8 +6,10 @@ use talon_client::cli::{run, Cli};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Colours only on a terminal: a log redirected to a file stays plain text.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

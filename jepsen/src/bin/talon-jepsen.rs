@@ -109,8 +109,9 @@ struct RunArgs {
     #[arg(long)]
     snapshot_every: Option<u64>,
     /// The nodes' log filter, in `RUST_LOG` syntax (for example
-    /// `warn,openraft=debug`); the logs are in the kept working directory.
-    #[arg(long, default_value = "warn")]
+    /// `warn,openraft=debug`); the logs are in the kept working directory. The default
+    /// keeps the trace of strict reads (target `talon_meta::strict_reads`).
+    #[arg(long, default_value = talon_jepsen::run::DEFAULT_NODE_LOG)]
     node_log: String,
     /// The nodes' relaxed staleness bound, ms (default: the server's, 2000). A client reads
     /// what it changed from the leader for twice the bound, then from any replica: a short
