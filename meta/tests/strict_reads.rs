@@ -179,3 +179,74 @@ async fn a_session_read_is_refused_by_a_follower() {
     }
     panic!("leadership kept moving");
 }
+
+/// A writer of log lines into a shared buffer.
+#[derive(Clone, Default)]
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A strict read leaves the trace the fault harness keeps (target
+/// `talon_meta::strict_reads`, at debug): the barrier it passed, with the log id it waited
+/// for, and its answer, with the entry's inode and the applied id of the state it read. A
+/// relaxed read leaves no answer line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_read_leaves_its_trace() {
+    let lines = Lines::default();
+    let sink = lines.clone();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "talon_meta::strict_reads=debug",
+        ))
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .init();
+    let (_cluster, client) = common::cluster(1, P).await;
+    let (_, strict) = dir_with_file(&client, "/s", Class::Strict).await;
+    let (_, loose) = dir_with_file(&client, "/r", Class::Relaxed).await;
+    let read = client
+        .read_file("/s/f")
+        .await
+        .expect("read the strict file");
+    assert!(read.is_empty());
+    client
+        .read_file("/r/f")
+        .await
+        .expect("read the relaxed file");
+
+    let log = String::from_utf8_lossy(&lines.0.lock().expect("log lines")).into_owned();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("read barrier passed") && l.contains("read_log_id=Some(")),
+        "no barrier line in:\n{log}"
+    );
+    let answers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("strict lookup answered") && l.contains("name=f "))
+        .collect();
+    assert!(
+        answers
+            .iter()
+            .any(|l| l.contains(&format!("ino=Some({})", strict.ino.0))
+                && l.contains("applied=Some(")),
+        "no answer naming inode {} in:\n{log}",
+        strict.ino.0
+    );
+    assert!(
+        !answers
+            .iter()
+            .any(|l| l.contains(&format!("ino=Some({})", loose.ino.0))),
+        "a relaxed read traced as strict:\n{log}"
+    );
+}
