@@ -97,7 +97,8 @@ pub struct ClusterSpec {
     pub replication: u32,
     /// Number of partitions.
     pub partitions: u32,
-    /// The nodes' log filter (`RUST_LOG` syntax), `warn` by default.
+    /// The nodes' log filter (`RUST_LOG` syntax); a run's default is
+    /// [`crate::run::DEFAULT_NODE_LOG`].
     pub node_log: String,
 }
 

@@ -241,7 +241,9 @@ fn real_main() -> anyhow::Result<bool> {
             let cfg = config(*args)?;
             // Before any thread exists: only threads started afterwards share the namespace.
             let ns = talon_jepsen::net::enter_private_netns()?;
+            // Colours only on a terminal, as the nodes' logs.
             tracing_subscriber::fmt()
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_default_env()
                         .unwrap_or_else(|_| "warn".into()),

@@ -443,7 +443,7 @@ pub struct SmallFs {
     /// The file system's root, as this process reaches it.
     pub path: std::path::PathBuf,
     helper: std::process::Child,
-    control: Option<std::process::ChildStdin>,
+    control: std::process::ChildStdin,
     answers: std::io::BufReader<std::process::ChildStdout>,
 }
 
@@ -477,7 +477,7 @@ impl SmallFs {
         let mut fs = SmallFs {
             path: std::path::PathBuf::from(format!("/proc/{}/root/tmp", helper.id())),
             helper,
-            control: Some(control),
+            control,
             answers: std::io::BufReader::new(out),
         };
         let said = fs.answer()?;
@@ -497,11 +497,8 @@ impl SmallFs {
     /// Grows (or shrinks) the file system to `bytes`, keeping its files.
     pub fn resize(&mut self, bytes: u64) -> anyhow::Result<()> {
         use std::io::Write;
-        let Some(control) = self.control.as_mut() else {
-            anyhow::bail!("the small file system is gone");
-        };
-        writeln!(control, "{bytes}")?;
-        control.flush()?;
+        writeln!(self.control, "{bytes}")?;
+        self.control.flush()?;
         match self.answer()?.as_str() {
             "ok" => Ok(()),
             other => anyhow::bail!("remount the tmpfs at {bytes} bytes: {other}"),
@@ -519,7 +516,6 @@ impl SmallFs {
 impl Drop for SmallFs {
     fn drop(&mut self) {
         // The helper's end takes the namespace, and with it the mount.
-        drop(self.control.take());
         let _ = self.helper.kill();
         let _ = self.helper.wait();
     }
