@@ -138,10 +138,17 @@ impl Client {
     }
 
     /// Server round trips this client has made so far (every RPC attempt, retries and
-    /// cluster-map fetches included, the first map fetch at connect excluded). Read it
-    /// before and after a workload to count the round trips each operation cost.
+    /// cluster-map fetches included, the first map fetch at connect excluded; requests
+    /// that shared a bundle count one each). Read it before and after a workload to count
+    /// the round trips each operation cost.
     pub fn rpc_count(&self) -> u64 {
         self.router().rpc_count()
+    }
+
+    /// The bundles of small requests sent so far ([`crate::bundle`]), and the requests they
+    /// carried between them.
+    pub fn bundle_counts(&self) -> (u64, u64) {
+        self.router().bundle_counts()
     }
 
     /// The root directory's ino.

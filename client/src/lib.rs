@@ -18,6 +18,7 @@
 //! [`ClientError`].
 
 pub mod batch;
+pub mod bundle;
 pub mod cli;
 pub mod client;
 pub mod cluster_map;

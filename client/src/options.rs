@@ -24,6 +24,10 @@ pub struct ClientOptions {
     pub cache_capacity: usize,
     /// Batch RPCs in flight at once in the batch operations.
     pub batch_concurrency: usize,
+    /// RPCs of one kind (relaxed reads, strict reads, writes) in flight to one node before
+    /// further lookups, getattrs, creates and removes wait to go together in one bundle
+    /// ([`crate::bundle`]); 0 sends each on its own RPC.
+    pub bundle_window: usize,
 }
 
 impl Default for ClientOptions {
@@ -37,6 +41,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(10),
             cache_capacity: 1 << 20,
             batch_concurrency: 16,
+            bundle_window: 2,
         }
     }
 }

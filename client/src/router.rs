@@ -23,6 +23,7 @@
 //! never applied twice (see `meta/src/namespace.rs`). Other writes are idempotent as sent
 //! (a setattr, a whole-body write, a layout commit at an expected generation).
 
+use crate::bundle::Bundler;
 use crate::cluster_map::ClusterMap;
 use crate::error::ClientError;
 use crate::options::ClientOptions;
@@ -193,14 +194,19 @@ impl Router {
             Ok(e) => e.connect_lazy(),
             Err(_) => Endpoint::from_static("http://invalid.invalid:1").connect_lazy(),
         };
+        let bundler = Bundler::new(ch.clone(), opts.bundle_window);
         channels
             .entry(addr.to_string())
-            .or_insert(Conn::Net(ch))
+            .or_insert(Conn::Net(ch, bundler))
             .clone()
     }
 
     fn channel(&self, addr: &str) -> Conn {
-        Self::channel_in(&self.channels, addr, &self.opts)
+        let conn = Self::channel_in(&self.channels, addr, &self.opts);
+        if let Conn::Net(_, Some(b)) = &conn {
+            b.set_max(self.state().map.max_batch);
+        }
+        conn
     }
 
     fn state(&self) -> Arc<MapState> {
@@ -301,6 +307,20 @@ impl Router {
     /// the round trips each one cost.
     pub fn rpc_count(&self) -> u64 {
         self.rpcs.load(Ordering::Relaxed)
+    }
+
+    /// The bundles this router's connections sent ([`crate::bundle`]), and the requests
+    /// they carried.
+    pub fn bundle_counts(&self) -> (u64, u64) {
+        self.channels
+            .iter()
+            .fold((0, 0), |(b, r), c| match c.value() {
+                Conn::Net(_, Some(bundler)) => {
+                    let (b2, r2) = bundler.counts();
+                    (b + b2, r + r2)
+                }
+                _ => (b, r),
+            })
     }
 
     /// Sends one RPC to node `id` without routing or retries (used for `Status`).

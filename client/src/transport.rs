@@ -17,11 +17,15 @@
 //! the same message size limits (checked on each message's encoded length, which prost
 //! computes without encoding: the client's limits and the server's, as over the network,
 //! failing with `OutOfRange` as tonic does). Every other node of the cluster map is
-//! reached over the network through the generated gRPC client.
+//! reached over the network through the generated gRPC client, whose lookups, getattrs,
+//! creates and removes go through the node's [`Bundler`] when many are ready at once.
 
+use crate::bundle::Bundler;
 use prost::Message;
 use std::sync::Arc;
 use talon_proto::v1 as pb;
+use talon_proto::v1::bundled_reply::Reply;
+use talon_proto::v1::bundled_request::Request as BundledReq;
 use talon_proto::v1::namespace_client::NamespaceClient;
 use talon_proto::v1::namespace_server::Namespace;
 use tonic::transport::Channel;
@@ -69,8 +73,9 @@ impl std::fmt::Debug for LocalNode {
 /// The way to one node.
 #[derive(Clone)]
 pub enum Conn {
-    /// A lazily connected tonic channel.
-    Net(Channel),
+    /// A lazily connected tonic channel, and the bundler of its small requests
+    /// ([`crate::bundle`]; none: each request on its own RPC).
+    Net(Channel, Option<Arc<Bundler>>),
     /// A node in this process.
     Local(LocalNode),
 }
@@ -80,7 +85,7 @@ pub enum Conn {
 pub struct NodeClient(Inner);
 
 enum Inner {
-    Net(NamespaceClient<Channel>),
+    Net(NamespaceClient<Channel>, Option<Arc<Bundler>>),
     Local {
         node: LocalNode,
         max_decoding: usize,
@@ -92,7 +97,7 @@ impl NodeClient {
     /// A client sending through `conn`.
     pub fn new(conn: Conn) -> NodeClient {
         NodeClient(match conn {
-            Conn::Net(c) => Inner::Net(NamespaceClient::new(c)),
+            Conn::Net(c, b) => Inner::Net(NamespaceClient::new(c), b),
             Conn::Local(node) => Inner::Local {
                 node,
                 max_decoding: DEFAULT_MAX_DECODING,
@@ -104,7 +109,7 @@ impl NodeClient {
     /// Refuses replies larger than `limit` bytes encoded (tonic's default: 4 MiB).
     pub fn max_decoding_message_size(self, limit: usize) -> Self {
         NodeClient(match self.0 {
-            Inner::Net(c) => Inner::Net(c.max_decoding_message_size(limit)),
+            Inner::Net(c, b) => Inner::Net(c.max_decoding_message_size(limit), b),
             Inner::Local {
                 node, max_encoding, ..
             } => Inner::Local {
@@ -118,7 +123,7 @@ impl NodeClient {
     /// Refuses to send requests larger than `limit` bytes encoded (default: no limit).
     pub fn max_encoding_message_size(self, limit: usize) -> Self {
         NodeClient(match self.0 {
-            Inner::Net(c) => Inner::Net(c.max_encoding_message_size(limit)),
+            Inner::Net(c, b) => Inner::Net(c.max_encoding_message_size(limit), b),
             Inner::Local {
                 node, max_decoding, ..
             } => Inner::Local {
@@ -140,6 +145,28 @@ fn within(what: &str, len: usize, limit: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// Calls the generated gRPC client's method, or the node's handler in this process.
+macro_rules! direct {
+    ($self:ident, $name:ident, $request:ident) => {
+        match &mut $self.0 {
+            Inner::Net(c, _) => c.$name($request).await,
+            Inner::Local {
+                node,
+                max_decoding,
+                max_encoding,
+            } => {
+                let request = $request.into_request();
+                let len = request.get_ref().encoded_len();
+                within("encoded", len, (*max_encoding).min(node.max_message))?;
+                let reply = node.api.$name(request).await?;
+                let len = reply.get_ref().encoded_len();
+                within("decoded", len, (*max_decoding).min(node.max_message))?;
+                Ok(reply)
+            }
+        }
+    };
+}
+
 /// One method per RPC of the `Namespace` service, named and typed as the generated gRPC
 /// client's.
 macro_rules! rpcs {
@@ -151,18 +178,34 @@ macro_rules! rpcs {
                     &mut self,
                     request: impl IntoRequest<pb::$req>,
                 ) -> Result<Response<pb::$reply>, Status> {
-                    match &mut self.0 {
-                        Inner::Net(c) => c.$name(request).await,
-                        Inner::Local { node, max_decoding, max_encoding } => {
-                            let request = request.into_request();
-                            let len = request.get_ref().encoded_len();
-                            within("encoded", len, (*max_encoding).min(node.max_message))?;
-                            let reply = node.api.$name(request).await?;
-                            let len = reply.get_ref().encoded_len();
-                            within("decoded", len, (*max_decoding).min(node.max_message))?;
-                            Ok(reply)
-                        }
+                    direct!(self, $name, request)
+                }
+            )*
+        }
+    };
+}
+
+/// As `rpcs!`, for the RPCs a node's bundler may carry in a bundle: `Variant` is the
+/// request's in `BundledRequest` and `Answer` its reply's in `BundledReply`.
+macro_rules! bundled_rpcs {
+    ($($name:ident($req:ident) -> $reply:ident, $variant:ident => $answer:ident;)*) => {
+        impl NodeClient {
+            $(
+                #[doc = concat!("The `", stringify!($name), "` RPC, in a bundle when others wait.")]
+                pub async fn $name(
+                    &mut self,
+                    request: impl IntoRequest<pb::$req>,
+                ) -> Result<Response<pb::$reply>, Status> {
+                    if let Inner::Net(_, Some(b)) = &self.0 {
+                        let req = request.into_request().into_inner();
+                        return match b.send(BundledReq::$variant(req)).await? {
+                            Reply::$answer(r) => Ok(Response::new(r)),
+                            _ => Err(Status::internal(concat!(
+                                "a bundled ", stringify!($name), " got another request's reply"
+                            ))),
+                        };
                     }
+                    direct!(self, $name, request)
                 }
             )*
         }
@@ -172,11 +215,7 @@ macro_rules! rpcs {
 rpcs! {
     get_cluster_map(ClusterMapRequest) -> ClusterMap;
     status(StatusRequest) -> StatusReply;
-    lookup(LookupRequest) -> EntryReply;
-    get_attr(GetAttrRequest) -> AttrReply;
     set_attr(SetAttrRequest) -> AttrReply;
-    create(CreateRequest) -> EntryReply;
-    remove(RemoveRequest) -> RemoveReply;
     rename(RenameRequest) -> RenameReply;
     link(LinkRequest) -> EntryReply;
     read_dir(ReadDirRequest) -> ReadDirReply;
@@ -187,10 +226,18 @@ rpcs! {
     stat_fs(StatFsRequest) -> StatFsReply;
     set_class(SetClassRequest) -> AttrReply;
     batch(BatchRequest) -> BatchReply;
+    bundle(BundleRequest) -> BundleReply;
     read_whole(ReadWholeRequest) -> OpenReply;
     open(OpenRequest) -> OpenReply;
     write_small(WriteSmallRequest) -> AttrReply;
     put_chunk(PutChunkRequest) -> Empty;
     get_chunk(GetChunkRequest) -> GetChunkReply;
     commit_layout(CommitLayoutRequest) -> AttrReply;
+}
+
+bundled_rpcs! {
+    lookup(LookupRequest) -> EntryReply, Lookup => Entry;
+    get_attr(GetAttrRequest) -> AttrReply, GetAttr => Attr;
+    create(CreateRequest) -> EntryReply, Create => Entry;
+    remove(RemoveRequest) -> RemoveReply, Remove => Remove;
 }

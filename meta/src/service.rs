@@ -2,9 +2,9 @@
 //! service, on one tonic router. Wire messages are validated and converted to domain
 //! values here, and every `TalonError` is mapped to a `tonic::Status` here, once.
 //!
-//! Bounds enforced at this edge: names (via `talon-model`), batch sizes (`max_batch`),
-//! partition ids, symlink and xattr sizes, and message sizes (tonic's decoding limit), so
-//! a malformed request gets an error and never reaches a Raft log.
+//! Bounds enforced at this edge: names (via `talon-model`), batch and bundle sizes
+//! (`max_batch`), partition ids, symlink and xattr sizes, and message sizes (tonic's
+//! decoding limit), so a malformed request gets an error and never reaches a Raft log.
 
 use crate::attrs::Attrs;
 use crate::data::Files;
@@ -626,6 +626,49 @@ impl NamespaceSvc for Api {
             })
             .collect();
         Ok(Response::new(pb::BatchReply { results }))
+    }
+
+    async fn bundle(&self, r: Request<pb::BundleRequest>) -> Res<pb::BundleReply> {
+        let r = r.into_inner();
+        if r.requests.len() > self.max_batch() {
+            return Err(TalonError::Invalid(format!(
+                "bundle of {} requests exceeds max_batch {}",
+                r.requests.len(),
+                self.max_batch()
+            ))
+            .into());
+        }
+        // Each request is served by its own handler, as if it had come alone, and all of
+        // them at once: a bundle of reads does not wait for one another, nor do writes.
+        let served = r.requests.into_iter().map(|b| self.serve_bundled(b));
+        let replies = futures::future::join_all(served).await;
+        Ok(Response::new(pb::BundleReply { replies }))
+    }
+}
+
+impl Api {
+    /// One request of a bundle, answered as its own RPC would have been.
+    async fn serve_bundled(&self, b: pb::BundledRequest) -> pb::BundledReply {
+        use pb::bundled_reply::Reply;
+        use pb::bundled_request::Request as Req;
+        fn status(s: Status) -> Reply {
+            Reply::Status(pb::BundledStatus {
+                code: s.code() as i32,
+                message: s.message().to_string(),
+                details: s.details().to_vec(),
+            })
+        }
+        fn reply<T>(r: Res<T>, wrap: fn(T) -> Reply) -> Reply {
+            r.map_or_else(status, |r| wrap(r.into_inner()))
+        }
+        let reply = match b.request {
+            Some(Req::Lookup(q)) => reply(self.lookup(Request::new(q)).await, Reply::Entry),
+            Some(Req::GetAttr(q)) => reply(self.get_attr(Request::new(q)).await, Reply::Attr),
+            Some(Req::Create(q)) => reply(self.create(Request::new(q)).await, Reply::Entry),
+            Some(Req::Remove(q)) => reply(self.remove(Request::new(q)).await, Reply::Remove),
+            None => status(TalonError::Invalid("empty bundled request".into()).into()),
+        };
+        pb::BundledReply { reply: Some(reply) }
     }
 }
 
