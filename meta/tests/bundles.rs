@@ -4,24 +4,16 @@
 
 mod common;
 
-use common::TestCluster;
+use common::{bare_node, header};
 use talon_model::{Errno, TalonError, ROOT_INO};
 use talon_proto::v1 as pb;
 use talon_proto::v1::bundled_reply::Reply;
 use talon_proto::v1::bundled_request::Request as Req;
-use talon_proto::v1::namespace_client::NamespaceClient;
 use tonic::{Code, Status};
-
-fn hdr(partition: u32) -> Option<pb::RequestHeader> {
-    Some(pb::RequestHeader {
-        partition,
-        ..Default::default()
-    })
-}
 
 fn create(name: &[u8]) -> pb::CreateRequest {
     pb::CreateRequest {
-        header: hdr(0),
+        header: header(0),
         parent: ROOT_INO.0,
         name: name.to_vec(),
         kind: pb::FileKind::Regular as i32,
@@ -33,7 +25,7 @@ fn create(name: &[u8]) -> pb::CreateRequest {
 
 fn lookup(name: &[u8]) -> pb::LookupRequest {
     pb::LookupRequest {
-        header: hdr(0),
+        header: header(0),
         parent: ROOT_INO.0,
         name: name.to_vec(),
     }
@@ -54,24 +46,14 @@ fn status(r: &pb::BundledReply) -> Status {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bundle_answers_each_request_as_its_own_rpc_would() {
     // One partition: every entry and inode lives on partition 0.
-    let cluster = TestCluster::builder()
-        .nodes(1)
-        .partitions(1)
-        .replication(1)
-        .start()
-        .await
-        .expect("cluster");
-    let addr = cluster.addrs()[0].clone();
-    let mut c = NamespaceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
+    let (cluster, mut c) = bare_node(1).await;
 
     let requests = vec![
         Req::Create(create(b"a")),
         Req::Create(create(b"b")),
         Req::Lookup(lookup(b"missing")),
         Req::GetAttr(pb::GetAttrRequest {
-            header: hdr(7),
+            header: header(7),
             ino: ROOT_INO.0,
         }),
     ];
@@ -110,7 +92,7 @@ async fn a_bundle_answers_each_request_as_its_own_rpc_would() {
     // An unknown partition is refused as it is on its own.
     let alone = c
         .get_attr(pb::GetAttrRequest {
-            header: hdr(7),
+            header: header(7),
             ino: ROOT_INO.0,
         })
         .await
@@ -133,7 +115,7 @@ async fn a_bundle_answers_each_request_as_its_own_rpc_would() {
                 },
                 pb::BundledRequest {
                     request: Some(Req::Remove(pb::RemoveRequest {
-                        header: hdr(0),
+                        header: header(0),
                         parent: ROOT_INO.0,
                         name: b"a".to_vec(),
                         ..Default::default()

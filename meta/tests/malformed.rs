@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::TestCluster;
+use common::{bare_node, header};
 use std::io::Write;
 use talon_model::{Errno, TalonError, ROOT_INO};
 use talon_proto::raft::raft_client::RaftClient;
@@ -13,18 +13,9 @@ use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
 use tonic::transport::Channel;
 
-fn hdr(partition: u32) -> Option<pb::RequestHeader> {
-    Some(pb::RequestHeader {
-        partition,
-        epoch: 0,
-        relaxed_read: false,
-        session_read: false,
-    })
-}
-
 fn create(partition: u32, name: &[u8], kind: pb::FileKind) -> pb::CreateRequest {
     pb::CreateRequest {
-        header: hdr(partition),
+        header: header(partition),
         parent: ROOT_INO.0,
         name: name.to_vec(),
         kind: kind as i32,
@@ -50,17 +41,8 @@ async fn create_err(c: &mut NamespaceClient<Channel>, name: &[u8], partitions: u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_errors() {
-    let cluster = TestCluster::builder()
-        .nodes(1)
-        .partitions(4)
-        .replication(1)
-        .start()
-        .await
-        .expect("cluster");
+    let (cluster, mut c) = bare_node(4).await;
     let addr = cluster.addrs()[0].clone();
-    let mut c = NamespaceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
 
     for (name, want) in [
         (&b""[..], Errno::ENOENT),
@@ -102,7 +84,7 @@ async fn malformed_requests_get_errors() {
         .collect();
     let e = TalonError::from(
         c.batch(pb::BatchRequest {
-            header: hdr(0),
+            header: header(0),
             ops,
         })
         .await
@@ -111,7 +93,7 @@ async fn malformed_requests_get_errors() {
     assert!(matches!(e, TalonError::Invalid(_)), "{e}");
     // Bad timestamp.
     let req = pb::SetAttrRequest {
-        header: hdr(0),
+        header: header(0),
         ino: ROOT_INO.0,
         mtime: Some(pb::Timestamp {
             secs: 0,
@@ -124,7 +106,7 @@ async fn malformed_requests_get_errors() {
     // An inode asked of the wrong partition.
     let e = TalonError::from(
         c.get_attr(pb::GetAttrRequest {
-            header: hdr(1),
+            header: header(1),
             ino: ROOT_INO.0,
         })
         .await
@@ -133,7 +115,7 @@ async fn malformed_requests_get_errors() {
     assert!(matches!(e, TalonError::WrongPartition(_)), "{e}");
     // Oversized xattr value.
     let req = pb::SetXattrRequest {
-        header: hdr(0),
+        header: header(0),
         ino: ROOT_INO.0,
         name: b"user.big".to_vec(),
         value: vec![0; 70_000],
@@ -203,7 +185,7 @@ async fn malformed_requests_get_errors() {
     // The node still serves.
     let ok = c
         .get_attr(pb::GetAttrRequest {
-            header: hdr(0),
+            header: header(0),
             ino: ROOT_INO.0,
         })
         .await

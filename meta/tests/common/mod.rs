@@ -64,6 +64,36 @@ pub async fn recovering_cluster(
     (cluster, c)
 }
 
+/// A one-node cluster of `partitions` partitions and a bare gRPC client of its `Namespace`
+/// service, for tests of the wire edge itself.
+pub async fn bare_node(
+    partitions: u32,
+) -> (
+    TestCluster,
+    talon_proto::v1::namespace_client::NamespaceClient<tonic::transport::Channel>,
+) {
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(partitions)
+        .replication(1)
+        .start()
+        .await
+        .expect("cluster");
+    let addr = cluster.addrs()[0].clone();
+    let c = talon_proto::v1::namespace_client::NamespaceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    (cluster, c)
+}
+
+/// The header of a request for `partition`: no epoch, not a relaxed read.
+pub fn header(partition: u32) -> Option<talon_proto::v1::RequestHeader> {
+    Some(talon_proto::v1::RequestHeader {
+        partition,
+        ..Default::default()
+    })
+}
+
 /// Prepares transaction `txid` as a coordinator would, through `node`: each partition's
 /// share of `shares`, stamped with the wall clock now; asserts every share prepared.
 pub async fn prepare(
