@@ -67,8 +67,9 @@ pub struct Bundler {
     rt: tokio::runtime::Handle,
     /// RPCs of one lane in flight at once.
     window: usize,
-    /// Most requests in one bundle: the cluster's `max_batch`, which the node enforces.
-    max: AtomicUsize,
+    /// Most requests in one bundle: the cluster map's `max_batch`, which the node enforces
+    /// (the router keeps it current).
+    max: Arc<AtomicUsize>,
     /// Set once the node answered that it has no `Bundle` RPC.
     unsupported: AtomicBool,
     lanes: [Mutex<Queue>; 3],
@@ -87,27 +88,23 @@ impl std::fmt::Debug for Bundler {
 }
 
 impl Bundler {
-    /// A bundler of the requests sent through `channel`, `window` RPCs in flight per lane;
-    /// none when `window` is 0 or there is no runtime to send bundles from.
-    pub fn new(channel: Channel, window: usize) -> Option<Arc<Bundler>> {
+    /// A bundler of the requests sent through `channel`, `window` RPCs in flight per lane,
+    /// at most `max` requests per bundle; none when `window` is 0 or there is no runtime to
+    /// send bundles from.
+    pub fn new(channel: Channel, window: usize, max: Arc<AtomicUsize>) -> Option<Arc<Bundler>> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
         (window > 0).then(|| {
             Arc::new(Bundler {
                 client: NamespaceClient::new(channel),
                 rt,
                 window,
-                max: AtomicUsize::new(1),
+                max,
                 unsupported: AtomicBool::new(false),
                 lanes: Default::default(),
                 bundles: AtomicU64::new(0),
                 bundled: AtomicU64::new(0),
             })
         })
-    }
-
-    /// Bundles carry at most `max` requests (the cluster map's `max_batch`).
-    pub fn set_max(&self, max: u32) {
-        self.max.store(max.max(1) as usize, Ordering::Relaxed);
     }
 
     /// The bundles sent so far, and the requests they carried.
@@ -172,8 +169,7 @@ impl Bundler {
             lane,
         };
         self.rt.spawn(async move {
-            let bundler = slot.bundler.clone();
-            bundler.run(batch).await;
+            slot.bundler.run(batch).await;
             drop(slot);
         });
     }

@@ -92,6 +92,9 @@ pub struct Router {
     seeds: Vec<String>,
     state: RwLock<Arc<MapState>>,
     channels: DashMap<String, Conn>,
+    /// Most requests in one bundle, shared by the connections' bundlers: the cluster map's
+    /// `max_batch`, set whenever a map is taken.
+    bundle_max: Arc<AtomicUsize>,
     /// Spreads relaxed reads over replicas.
     round_robin: AtomicUsize,
     /// Serialises cluster-map refreshes so a burst of WrongPartition answers fetches once.
@@ -147,6 +150,7 @@ impl Router {
             })?;
         }
         let channels = DashMap::new();
+        let bundle_max = Arc::new(AtomicUsize::new(1));
         if let Some(l) = local {
             channels.insert(l.addr().to_string(), Conn::Local(l));
         }
@@ -157,13 +161,15 @@ impl Router {
         let mut backoff = Backoff::rpc();
         loop {
             for s in &seeds {
-                let ch = Self::channel_in(&channels, s, opts);
+                let ch = Self::channel_in(&channels, s, opts, &bundle_max);
                 match fetch_map(ch).await {
                     Ok(map) => {
+                        bundle_max.store(map.max_batch.max(1) as usize, Ordering::Relaxed);
                         return Ok(Router {
                             seeds,
                             state: RwLock::new(Arc::new(MapState::new(map))),
                             channels,
+                            bundle_max,
                             round_robin: AtomicUsize::new(rand::random::<u32>() as usize),
                             refresh: tokio::sync::Mutex::new(()),
                             opts: opts.clone(),
@@ -184,7 +190,12 @@ impl Router {
         }
     }
 
-    fn channel_in(channels: &DashMap<String, Conn>, addr: &str, opts: &ClientOptions) -> Conn {
+    fn channel_in(
+        channels: &DashMap<String, Conn>,
+        addr: &str,
+        opts: &ClientOptions,
+        bundle_max: &Arc<AtomicUsize>,
+    ) -> Conn {
         if let Some(c) = channels.get(addr) {
             return c.clone();
         }
@@ -194,7 +205,7 @@ impl Router {
             Ok(e) => e.connect_lazy(),
             Err(_) => Endpoint::from_static("http://invalid.invalid:1").connect_lazy(),
         };
-        let bundler = Bundler::new(ch.clone(), opts.bundle_window);
+        let bundler = Bundler::new(ch.clone(), opts.bundle_window, bundle_max.clone());
         channels
             .entry(addr.to_string())
             .or_insert(Conn::Net(ch, bundler))
@@ -202,11 +213,7 @@ impl Router {
     }
 
     fn channel(&self, addr: &str) -> Conn {
-        let conn = Self::channel_in(&self.channels, addr, &self.opts);
-        if let Conn::Net(_, Some(b)) = &conn {
-            b.set_max(self.state().map.max_batch);
-        }
-        conn
+        Self::channel_in(&self.channels, addr, &self.opts, &self.bundle_max)
     }
 
     fn state(&self) -> Arc<MapState> {
@@ -258,6 +265,8 @@ impl Router {
             match fetch_map(self.channel(&a)).await {
                 Ok(map) => {
                     let epoch = map.epoch;
+                    self.bundle_max
+                        .store(map.max_batch.max(1) as usize, Ordering::Relaxed);
                     let fresh = Arc::new(MapState::new(map));
                     // Keep leader hints the new map does not know.
                     for p in 0..fresh.leaders.len() as u32 {
