@@ -104,8 +104,15 @@ fn attr_reply(a: &Attr) -> Option<pb::Attr> {
 }
 
 impl Api {
-    fn max_batch(&self) -> usize {
-        self.node.config.cluster.max_batch as usize
+    /// Refuses a `what` of `n` `items` past the cluster's `max_batch`.
+    fn within_max_batch(&self, what: &str, items: &str, n: usize) -> Result<(), TalonError> {
+        let max = self.node.config.cluster.max_batch as usize;
+        if n > max {
+            return Err(TalonError::Invalid(format!(
+                "{what} of {n} {items} exceeds max_batch {max}"
+            )));
+        }
+        Ok(())
     }
 
     fn cluster_map(&self) -> pb::ClusterMap {
@@ -548,14 +555,7 @@ impl NamespaceSvc for Api {
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {
         let r = r.into_inner();
-        if r.ops.len() > self.max_batch() {
-            return Err(TalonError::Invalid(format!(
-                "batch of {} ops exceeds max_batch {}",
-                r.ops.len(),
-                self.max_batch()
-            ))
-            .into());
-        }
+        self.within_max_batch("batch", "ops", r.ops.len())?;
         let h = read_header(&self.node, r.header).await?;
         let part = self.node.local(h.partition)?;
         // Creates need the leader: say so for the whole RPC rather than once per op.
@@ -630,14 +630,7 @@ impl NamespaceSvc for Api {
 
     async fn bundle(&self, r: Request<pb::BundleRequest>) -> Res<pb::BundleReply> {
         let r = r.into_inner();
-        if r.requests.len() > self.max_batch() {
-            return Err(TalonError::Invalid(format!(
-                "bundle of {} requests exceeds max_batch {}",
-                r.requests.len(),
-                self.max_batch()
-            ))
-            .into());
-        }
+        self.within_max_batch("bundle", "requests", r.requests.len())?;
         // Each request is served by its own handler, as if it had come alone, and all of
         // them at once: a bundle of reads does not wait for one another, nor do writes.
         let served = r.requests.into_iter().map(|b| self.serve_bundled(b));
