@@ -24,17 +24,7 @@ struct Fx {
 
 impl Fx {
     async fn start() -> Fx {
-        let cluster = TestCluster::builder()
-            .nodes(1)
-            .partitions(P)
-            .replication(1)
-            .start()
-            .await
-            .expect("cluster");
-        let addr = cluster.addrs()[0].clone();
-        let raw = NamespaceClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+        let (cluster, raw) = common::bare_node(P).await;
         let client = common::client(&cluster.addrs()).await;
         client.mkdir("/d", Default::default()).await.expect("mkdir");
         let dir = client.stat("/d").await.expect("stat");
