@@ -447,7 +447,8 @@ impl<'a> Files<'a> {
     }
 
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
-    /// all while the data file system is nearly full. A compaction rewrites the store's
+    /// all while the data file system is nearly full, then builds a snapshot of each so
+    /// that the files the compaction replaced leave the disk. A compaction rewrites the store's
     /// files before it deletes the old ones, so it waits for a later round while the disk
     /// has no room for a copy beside the critical floor: one run on a full disk filled it
     /// to the last byte and failed the node's next writes.
@@ -467,6 +468,13 @@ impl<'a> Files<'a> {
             };
             let store = part.store.clone();
             let _ = tokio::task::spawn_blocking(move || store.compact()).await;
+            // The stored snapshot's checkpoint still links the files the compaction
+            // replaced, and holds their room until a new snapshot replaces it.
+            if part.store.snapshot_mark().get().is_some() {
+                if let Err(e) = part.raft.trigger().snapshot().await {
+                    tracing::warn!(partition = part.id, "snapshot after compaction: {e}");
+                }
+            }
         }
     }
 }

@@ -108,10 +108,49 @@ pub struct SmStore {
     fail_writes: std::sync::atomic::AtomicBool,
     /// How far the stored snapshot reaches; the partition's log is never purged past it.
     mark: Arc<SnapshotMark>,
-    /// The node's data file system, once the node watches it: a snapshot is built only
-    /// when its copy leaves the critical floor free, and a write that finds the disk full
-    /// waits for room.
+    /// The node's data file system, once the node watches it: a snapshot is built only when
+    /// the memtable it writes out leaves the critical floor free, and a write that finds
+    /// the disk full waits for room.
     space: std::sync::OnceLock<crate::space::Gate>,
+    /// Snapshot data being read (sent to a follower), kept until its last reader is done.
+    data_in_use: Arc<Mutex<DataInUse>>,
+}
+
+/// The snapshot data of a replica's directory that readers hold: a checkpoint is read from
+/// its files as it is sent, so a newer snapshot must not remove an older one from under a
+/// follower receiving it. The last reader of a replaced checkpoint removes it.
+#[derive(Debug, Default)]
+struct DataInUse {
+    /// Readers per data name.
+    readers: std::collections::HashMap<String, usize>,
+    /// The data the snapshot record names.
+    kept: Option<String>,
+}
+
+/// A reader's hold on snapshot data (see [`DataInUse`]).
+struct DataHold {
+    dir: PathBuf,
+    name: String,
+    in_use: Arc<Mutex<DataInUse>>,
+}
+
+impl Drop for DataHold {
+    fn drop(&mut self) {
+        let mut u = self.in_use.lock().unwrap_or_else(|p| p.into_inner());
+        let last = match u.readers.get_mut(&self.name) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                u.readers.remove(&self.name);
+                true
+            }
+        };
+        if last && u.kept.as_deref() != Some(self.name.as_str()) {
+            remove_data(&self.dir.join(&self.name));
+        }
+    }
 }
 
 impl std::fmt::Debug for SmStore {
@@ -231,15 +270,17 @@ impl SmStore {
             format,
         )?;
         let mark = Arc::new(SnapshotMark::default());
-        match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-            Ok(b) => {
-                let stored = dec::<StoredSnapshot>(&b, "snapshot")?;
-                mark.set(stored.meta.last_log_id);
-                remove_data_files_but(dir, Some(&stored.data_file));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => remove_data_files_but(dir, None),
+        let stored = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+            Ok(b) => Some(dec::<StoredSnapshot>(&b, "snapshot")?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
+        };
+        if let Some(s) = &stored {
+            mark.set(s.meta.last_log_id);
         }
+        remove_data_files_but(dir, stored.as_ref().map(|s| s.data_file.as_str()), &|_| {
+            false
+        });
         if partition == 0 {
             seed_root(&db, crate::clock::now(), cluster_map)?;
         }
@@ -253,11 +294,15 @@ impl SmStore {
             fail_writes: std::sync::atomic::AtomicBool::new(false),
             space: std::sync::OnceLock::new(),
             mark,
+            data_in_use: Arc::new(Mutex::new(DataInUse {
+                kept: stored.map(|s| s.data_file),
+                ..DataInUse::default()
+            })),
         }))
     }
 
-    /// Builds snapshots only when the gate's space has room for their copy (see
-    /// `build_snapshot`), and has writes that find the disk full wait there.
+    /// Builds snapshots only when the gate's space has room for the memtable they write out
+    /// (see `build_snapshot`), and has writes that find the disk full wait there.
     pub fn watch_space(&self, gate: crate::space::Gate) {
         let _ = self.space.set(gate);
     }
@@ -303,23 +348,70 @@ const DATA_FILE: &str = "snapshot-data-";
 /// Names of snapshots being received begin so.
 const INCOMING: &str = "incoming-";
 
-/// Removes the snapshot data files of `dir` but `keep`: replaced or never recorded ones.
-fn remove_data_files_but(dir: &Path, keep: Option<&str>) {
+/// Removes the snapshot data of `dir` but `keep` and what `in_use` names: replaced or
+/// never recorded checkpoints (and the packed files of older builds).
+fn remove_data_files_but(dir: &Path, keep: Option<&str>, in_use: &dyn Fn(&str) -> bool) {
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with(DATA_FILE) && Some(n.as_str()) != keep {
-                let _ = std::fs::remove_file(e.path());
+            if n.starts_with(DATA_FILE) && Some(n.as_str()) != keep && !in_use(&n) {
+                remove_data(&e.path());
             }
         }
     }
 }
 
-/// Opens a snapshot data file for openraft to read (and send on in chunks).
-fn open_data(path: &Path) -> Result<Box<tokio::fs::File>, Fatal> {
-    std::fs::File::open(path)
-        .map(|f| Box::new(tokio::fs::File::from_std(f)))
-        .map_err(|e| Fatal::Corrupt(format!("open {}: {e}", path.display())))
+/// Removes one snapshot's data: a checkpoint directory, or an older build's packed file.
+fn remove_data(path: &Path) {
+    let _ = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        _ => std::fs::remove_file(path),
+    };
+}
+
+impl SmStore {
+    /// Records `keep` as the stored snapshot's data and removes all other data no reader
+    /// holds.
+    fn keep_only_data(&self, keep: &str) {
+        let mut u = self.data_in_use.lock().unwrap_or_else(|p| p.into_inner());
+        u.kept = Some(keep.to_string());
+        remove_data_files_but(&self.dir, Some(keep), &|n| u.readers.contains_key(n));
+    }
+
+    /// The stored snapshot data `name` for openraft to read (and send on in chunks): the
+    /// pack of its checkpoint, held for the reader, or the packed file an older build
+    /// stored.
+    fn open_data(&self, name: &str) -> Result<Box<crate::archive::Stream>, Fatal> {
+        let path = self.dir.join(name);
+        let mut u = self.data_in_use.lock().unwrap_or_else(|p| p.into_inner());
+        let open = || -> std::io::Result<crate::archive::Stream> {
+            if path.is_dir() {
+                let layout = crate::archive::Layout::of(&path, in_snapshot)?;
+                let hold = DataHold {
+                    dir: self.dir.clone(),
+                    name: name.to_string(),
+                    in_use: self.data_in_use.clone(),
+                };
+                Ok(crate::archive::Stream::Pack(
+                    crate::archive::PackReader::new(layout, hold),
+                ))
+            } else {
+                let f = std::fs::File::open(&path)?;
+                Ok(crate::archive::Stream::File(tokio::fs::File::from_std(f)))
+            }
+        };
+        let stream = open().map_err(|e| Fatal::Corrupt(format!("open {}: {e}", path.display())))?;
+        if matches!(stream, crate::archive::Stream::Pack(_)) {
+            *u.readers.entry(name.to_string()).or_default() += 1;
+        }
+        Ok(Box::new(stream))
+    }
+}
+
+/// Files of a checkpoint that are not part of its snapshot: RocksDB's lock and info logs
+/// (opening the checkpoint read-only writes one).
+fn in_snapshot(name: &str) -> bool {
+    name != "LOCK" && !name.starts_with("LOG")
 }
 
 /// Where an install writes the snapshot record of instance `db` before switching to it.
@@ -356,8 +448,8 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Fatal> {
     res.map_err(|e| Fatal::Corrupt(format!("write {}: {e}", path.display())))
 }
 
-/// A stored snapshot: its metadata and the name of its data file (the packed checkpoint)
-/// in the replica's directory.
+/// A stored snapshot: its metadata and the name of its data in the replica's directory (a
+/// checkpoint; an older build's stored snapshot is a packed file, read as it is).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<NodeId, openraft::BasicNode>,
@@ -400,22 +492,31 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
-/// Builds a snapshot: a RocksDB checkpoint of the live instance (hard links), packed
-/// into one data file. The pack is a full copy, so on a disk without room for it (the
-/// critical floor kept free, see `crate::space`) the replica keeps its stored snapshot
-/// and tries again at the next policy trigger: openraft ignores a snapshot no newer than
-/// the one it has. A build that would fill the disk failed the partition before, and left
-/// no room for the node's next start-up. Only a replica without any snapshot builds
-/// regardless.
+/// Builds a snapshot: a RocksDB checkpoint of the live instance, kept as the replica's
+/// stored snapshot and sent as a pack read from its files (`crate::archive::Layout`). A
+/// checkpoint flushes the memtable and hard-links the table and blob files, which are never
+/// written again, so a snapshot costs no copy of the partition: a partition of gigabytes
+/// was packed into a second copy at every build before, twice its size on disk and its
+/// whole size written each time. The linked files the live instance has since compacted
+/// away stay on disk until the next build replaces the checkpoint (after a compaction that
+/// reclaims room, the node asks for one: `crate::data`). A build on a disk without room for
+/// the memtable it writes out, or that the disk refuses, keeps the stored snapshot:
+/// openraft ignores a snapshot no newer than the one it has. Only a replica without any
+/// snapshot builds (and fails) regardless.
 fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError> {
     let werr = |e: Fatal| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
     let _g = store.swap.lock().unwrap_or_else(|p| p.into_inner());
     let db = store.db();
-    // The pack's size is about the live files', held for the build so that partitions
-    // building at once do not each count the same free bytes.
+    // The checkpoint writes the memtable out: on a disk without room for it beside the
+    // critical floor (see `crate::space`), the stored snapshot is kept.
+    let memtables = db
+        .property_int_value("rocksdb.cur-size-all-mem-tables")
+        .ok()
+        .flatten()
+        .unwrap_or(0);
     let _claim = match store.space.get() {
         None => None,
-        Some(gate) => match gate.space.claim(store.disk_bytes()) {
+        Some(gate) => match gate.space.claim(memtables) {
             Ok(c) => Some(c),
             Err(why) => match keep_stored_snapshot(store, &why).map_err(werr)? {
                 Some(kept) => return Ok(kept),
@@ -423,32 +524,14 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             },
         },
     };
-    let cp_dir = store
-        .dir
-        .join(format!("checkpoint-{}", rand::random::<u64>()));
-    let cp = rocksdb::checkpoint::Checkpoint::new(&db).map_err(|e| werr(e.into()))?;
-    cp.create_checkpoint(&cp_dir).map_err(|e| werr(e.into()))?;
+    let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
+    let data_path = store.dir.join(&data_file);
     let result = (|| -> Result<Snapshot<TypeConfig>, Fatal> {
+        checkpoint(&db, &data_path)?;
         let (applied, membership) = {
-            let ro = DB::open_for_read_only(&Options::default(), &cp_dir, false)?;
+            let ro = DB::open_for_read_only(&Options::default(), &data_path, false)?;
             read_applied(&ro)?
         };
-        let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
-        let data_path = store.dir.join(&data_file);
-        let packed = (|| -> std::io::Result<()> {
-            let mut out = std::io::BufWriter::new(std::fs::File::create(&data_path)?);
-            crate::archive::pack(&cp_dir, |n| n != "LOCK" && !n.starts_with("LOG"), &mut out)?;
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()
-        })();
-        if let Err(e) = packed {
-            let _ = std::fs::remove_file(&data_path);
-            if e.kind() == std::io::ErrorKind::StorageFull {
-                if let Some(kept) = keep_stored_snapshot(store, &e)? {
-                    return Ok(kept);
-                }
-            }
-            return Err(Fatal::Corrupt(format!("pack the snapshot: {e}")));
-        }
         let snapshot_id = match applied {
             Some(l) => format!(
                 "{}-{}-{}-{:x}",
@@ -468,19 +551,36 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
             meta: meta.clone(),
             data_file: data_file.clone(),
         };
-        if let Err(e) = write_atomic(&store.snapshot_file(), &enc(&stored)) {
-            let _ = std::fs::remove_file(&data_path);
-            return Err(e);
-        }
+        let snapshot = store.open_data(&data_file)?;
+        write_atomic(&store.snapshot_file(), &enc(&stored))?;
         store.mark.set(meta.last_log_id);
-        remove_data_files_but(&store.dir, Some(&data_file));
-        Ok(Snapshot {
-            meta,
-            snapshot: open_data(&data_path)?,
-        })
+        store.keep_only_data(&data_file);
+        Ok(Snapshot { meta, snapshot })
     })();
-    let _ = std::fs::remove_dir_all(&cp_dir);
-    result.map_err(werr)
+    match result {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&data_path);
+            if !crate::space::is_no_space(&e) {
+                return Err(werr(e));
+            }
+            match keep_stored_snapshot(store, &e) {
+                Ok(Some(kept)) => Ok(kept),
+                Ok(None) => Err(werr(e)),
+                Err(e2) => Err(werr(e2)),
+            }
+        }
+    }
+}
+
+/// A RocksDB checkpoint of `db` at `path` (which must not exist), durable with its
+/// directory: a snapshot record may name it next.
+fn checkpoint(db: &DB, path: &Path) -> Result<(), Fatal> {
+    rocksdb::checkpoint::Checkpoint::new(db)?.create_checkpoint(path)?;
+    let sync = |d: &Path| std::fs::File::open(d).and_then(|f| f.sync_all());
+    sync(path)
+        .and_then(|()| path.parent().map_or(Ok(()), sync))
+        .map_err(|e| Fatal::Corrupt(format!("sync the checkpoint {}: {e}", path.display())))
 }
 
 /// A build given up for want of room (`why`): the replica's stored snapshot, said so in
@@ -509,8 +609,31 @@ fn stored_snapshot(store: &SmStore) -> Result<Option<Snapshot<TypeConfig>>, Fata
     let s: StoredSnapshot = dec(&bytes, "snapshot")?;
     Ok(Some(Snapshot {
         meta: s.meta,
-        snapshot: open_data(&store.dir.join(&s.data_file))?,
+        snapshot: store.open_data(&s.data_file)?,
     }))
+}
+
+impl PartitionSm {
+    /// A new file in the replica's directory for a snapshot being received; a receipt
+    /// started before and not installed is dropped.
+    async fn receive_file(&mut self) -> Result<tokio::fs::File, StorageError> {
+        let path = self
+            .store
+            .dir
+            .join(format!("{INCOMING}{:016x}", rand::random::<u64>()));
+        // Read as well as written: the install reads back what openraft wrote into it.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        if let Some(old) = self.receiving.replace(path) {
+            let _ = tokio::fs::remove_file(old).await;
+        }
+        Ok(file)
+    }
 }
 
 impl RaftStateMachine<TypeConfig> for PartitionSm {
@@ -605,35 +728,33 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
-        let path = self
-            .store
-            .dir
-            .join(format!("{INCOMING}{:016x}", rand::random::<u64>()));
-        // Read as well as written: the install reads back what openraft wrote into it.
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await
-            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
-        if let Some(old) = self.receiving.replace(path) {
-            let _ = tokio::fs::remove_file(old).await;
-        }
-        Ok(Box::new(file))
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<crate::archive::Stream>, StorageError> {
+        let file = self.receive_file().await?;
+        Ok(Box::new(crate::archive::Stream::File(file)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        snapshot: Box<tokio::fs::File>,
+        snapshot: Box<crate::archive::Stream>,
     ) -> Result<(), StorageError> {
         let werr = |e: std::io::Error| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
+        let file = match *snapshot {
+            crate::archive::Stream::File(f) => f,
+            // A stored snapshot handed over whole: received into a file first, as a sent
+            // one is.
+            crate::archive::Stream::Pack(mut pack) => {
+                let mut into = self.receive_file().await?;
+                tokio::io::copy(&mut pack, &mut into).await.map_err(werr)?;
+                into
+            }
+        };
         let store = self.store.clone();
         let meta = meta.clone();
         let received = self.receiving.take();
-        let mut file = snapshot.into_std().await;
+        let mut file = file.into_std().await;
         file.flush().map_err(werr)?;
         file.sync_all().map_err(werr)?;
         file.rewind().map_err(werr)?;
@@ -676,33 +797,25 @@ fn install_snapshot(
                 meta.last_log_id
             )));
         }
-        // The received stream becomes the replica's stored snapshot data, as it is.
-        match &received {
-            Some(path) => std::fs::rename(path, &data_path),
-            None => {
-                let mut src = &data;
-                src.rewind()
-                    .and_then(|()| std::fs::File::create(&data_path))
-                    .and_then(|mut out| {
-                        std::io::copy(&mut src, &mut out)?;
-                        out.sync_all()
-                    })
-            }
-        }
-        .map_err(|e| Fatal::Corrupt(format!("keep the snapshot data: {e}")))?;
+        // The replica's stored snapshot is a checkpoint of the new instance, as a build
+        // makes; the received stream goes once it is in place.
+        checkpoint(&db, &data_path)?;
         Ok((db, paused))
     })();
     let (db, paused) = match res {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&target);
-            let _ = std::fs::remove_file(&data_path);
+            let _ = std::fs::remove_dir_all(&data_path);
             if let Some(path) = &received {
                 let _ = std::fs::remove_file(path);
             }
             return Err(werr(e));
         }
     };
+    if let Some(path) = &received {
+        let _ = std::fs::remove_file(path);
+    }
     // The switch is the install's commit point: the new instance's snapshot record is
     // written first, under its name, and put in place after (or by the next open).
     let last = meta.last_log_id;
@@ -713,7 +826,7 @@ fn install_snapshot(
     };
     if let Err(e) = write_atomic(&pending, &enc(&record)) {
         let _ = std::fs::remove_dir_all(&target);
-        let _ = std::fs::remove_file(&data_path);
+        let _ = std::fs::remove_dir_all(&data_path);
         return Err(werr(e));
     }
     write_atomic(&store.dir.join("CURRENT_DB"), name.as_bytes()).map_err(werr)?;
@@ -736,7 +849,7 @@ fn install_snapshot(
     std::fs::rename(&pending, store.snapshot_file())
         .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
     store.mark.set(last);
-    remove_data_files_but(&store.dir, Some(&data_file));
+    store.keep_only_data(&data_file);
     tracing::info!(
         partition = store.partition,
         last = ?last,
@@ -997,9 +1110,10 @@ mod tests {
         );
     }
 
-    /// A snapshot goes from one replica to another as files: built into a data file,
-    /// received into another, unpacked and swapped in; the receiver keeps the received
-    /// file as its own stored snapshot and nothing else, and a reopen finds it.
+    /// A snapshot goes from one replica to another as files: built as a checkpoint that
+    /// shares the live instance's files (no copy of the data), sent as its pack, received
+    /// into a file, unpacked and swapped in; the receiver keeps a checkpoint of its own as
+    /// its stored snapshot and nothing else (not the received file), and a reopen finds it.
     #[tokio::test]
     async fn a_snapshot_streams_from_one_replica_to_another_through_files() {
         let (a_dir, b_dir) = (
@@ -1022,7 +1136,16 @@ mod tests {
             v.sort();
             v
         };
-        assert_eq!(data_files(a_dir.path()).len(), 1);
+        let built_files = data_files(a_dir.path());
+        assert_eq!(built_files.len(), 1);
+        // The body's blob file is the live instance's, linked, not copied.
+        let linked = std::fs::read_dir(a_dir.path().join(&built_files[0]))
+            .expect("list the checkpoint")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".blob"))
+            .map(|e| std::os::unix::fs::MetadataExt::nlink(&e.metadata().expect("stat")))
+            .collect::<Vec<_>>();
+        assert_eq!(linked, vec![2], "the blob file and its links");
 
         let b = SmStore::open(b_dir.path(), 3, b"").expect("open b");
         let mut sm = PartitionSm::new(b.clone());
@@ -1046,12 +1169,69 @@ mod tests {
         assert_eq!(current.meta, built.meta);
         drop((sm, b, current));
 
-        // A stray data file (a build cut short) is removed at open; the recorded one stays.
+        // Stray data (builds cut short) is removed at open; the recorded one stays.
         std::fs::write(b_dir.path().join(format!("{DATA_FILE}stray")), b"x").expect("stray");
+        std::fs::create_dir(b_dir.path().join(format!("{DATA_FILE}stray.tmp"))).expect("stray");
         let b = SmStore::open(b_dir.path(), 3, b"").expect("reopen b");
         assert_eq!(data_files(b_dir.path()), kept);
         assert_eq!(b.snapshot_mark().get(), Some(at));
         assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body));
+    }
+
+    /// A follower may still be receiving a snapshot when a newer one is built: the older
+    /// checkpoint is read from its files, so it stays, whole, until its reader is done, and
+    /// then goes.
+    #[tokio::test]
+    async fn a_replaced_snapshot_stays_until_its_reader_is_done() {
+        use tokio::io::AsyncReadExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let a = SmStore::open(dir.path(), 3, b"").expect("open");
+        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+        a.db().put(b"Bold-body", &body).expect("write a body");
+        a.db()
+            .put(
+                meta::APPLIED,
+                enc(&LogId::new(CommittedLeaderId::new(3, 1), 40)),
+            )
+            .expect("write applied");
+        let mut first = build_snapshot(&a).expect("build");
+        let data = |dir: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .expect("list")
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(DATA_FILE))
+                .collect();
+            v.sort();
+            v
+        };
+        let old = data(dir.path());
+        a.db().delete(b"Bold-body").expect("delete the body");
+        a.db()
+            .put(
+                meta::APPLIED,
+                enc(&LogId::new(CommittedLeaderId::new(3, 1), 90)),
+            )
+            .expect("write applied");
+        let second = build_snapshot(&a).expect("build again");
+        assert_eq!(data(dir.path()).len(), 2, "the first is still being read");
+        let mut stream = Vec::new();
+        first
+            .snapshot
+            .read_to_end(&mut stream)
+            .await
+            .expect("read the replaced snapshot");
+        let into = tempfile::tempdir().expect("temp dir");
+        crate::archive::unpack(&mut stream.as_slice(), into.path()).expect("unpack");
+        let db = DB::open(&db_options(&a.tuning), into.path()).expect("open");
+        let got = db.get(b"Bold-body").expect("read");
+        assert!(got.as_deref() == Some(&body[..]), "the old body read back");
+        drop(first);
+        let left = data(dir.path());
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(!old.contains(&left[0]), "the replaced one went: {left:?}");
+        drop(second);
+        assert_eq!(data(dir.path()), left, "the stored one stays");
     }
 
     /// Level-0 table files of `store`.

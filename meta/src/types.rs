@@ -18,7 +18,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = crate::archive::Stream,
 );
 
 /// Raft handle of one partition group.
