@@ -50,25 +50,27 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
     io_err(ErrorSubject::StateMachine, verb, e)
 }
 
-/// The share of blob files, oldest first, whose live values RocksDB's own compactions move
-/// into new blob files (RocksDB's default). A blob file leaves the disk only once no key
-/// refers to it, so moving values is how deleted bodies give their room back; moving every
-/// file's values (a cutoff of 1.0) would rewrite each body that a compaction's keys point
-/// to, every time, and bodies are written once and read many times.
-const AUTO_GC_AGE_CUTOFF: f64 = 0.25;
+/// Whether RocksDB's own compactions move live bodies out of old blob files. They do not:
+/// a blob file leaves the disk only once no key refers to it, so moving values is how
+/// deleted bodies give their room back, but with it on (the oldest quarter of the files
+/// eligible, RocksDB's default) every compaction of keys that point into those files
+/// rewrote their bodies, deleted or not: importing a dataset wrote each body again and
+/// again (bench/README.md). The node's reclaiming compaction turns it on, for every file,
+/// while it runs ([`SmStore::compact`]); it runs after 2,000 deleted bodies or chunks on a
+/// partition, or after any while the disk is nearly full.
+const AUTO_BLOB_GC: bool = false;
 
-/// The garbage share of the eligible blob files past which RocksDB compacts the keys that
-/// still point into them, so that deleted bodies are not kept for want of a compaction.
-const AUTO_GC_FORCE_THRESHOLD: f64 = 0.5;
+/// The garbage share of an eligible blob file past which RocksDB compacts the keys that
+/// still point into it, while blob garbage collection is on.
+const BLOB_GC_FORCE_THRESHOLD: f64 = 0.5;
 
 /// The share of a memtable's size given to its bloom filter of whole keys.
 const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
 
 /// RocksDB options of a state machine instance. Values of 4 KiB and more (small-file
 /// bodies, chunks) go to BlobDB's blob files: large append-only segments with their own
-/// garbage collection, run by compaction: by RocksDB's own compactions over the oldest
-/// files ([`AUTO_GC_AGE_CUTOFF`]), and over every file by the node's reclaiming compaction
-/// ([`SmStore::compact`]).
+/// garbage collection, run by compaction: not by RocksDB's own ([`AUTO_BLOB_GC`]), over
+/// every file by the node's reclaiming compaction ([`SmStore::compact`]).
 fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     let mut o = Options::default();
     tuning.apply(&mut o);
@@ -79,9 +81,9 @@ fn db_options(tuning: &crate::tuning::Tuning) -> Options {
     o.set_enable_blob_files(true);
     o.set_min_blob_size(4096);
     o.set_blob_file_size(256 << 20);
-    o.set_enable_blob_gc(true);
-    o.set_blob_gc_age_cutoff(AUTO_GC_AGE_CUTOFF);
-    o.set_blob_gc_force_threshold(AUTO_GC_FORCE_THRESHOLD);
+    o.set_enable_blob_gc(AUTO_BLOB_GC);
+    o.set_blob_gc_age_cutoff(1.0);
+    o.set_blob_gc_force_threshold(BLOB_GC_FORCE_THRESHOLD);
     // A bloom filter of whole keys in each memtable (allocated in the memtable, so inside
     // the node's memtable budget): most point reads of a change look for keys that are not
     // there (a create's name, a request id not seen before, a lock, an intent) and would
@@ -979,26 +981,23 @@ impl SmStore {
         self.deletes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Compacts the whole instance, reclaiming deleted values: every blob file is eligible
-    /// for garbage collection during this compaction (RocksDB's own compactions running
-    /// meanwhile too), and only the oldest again after it.
+    /// Compacts the whole instance, reclaiming deleted values: blob garbage collection is
+    /// on, for every blob file, during this compaction (RocksDB's own compactions running
+    /// meanwhile too), and off again after it (see `AUTO_BLOB_GC`).
     pub fn compact(&self) {
         self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
         let db = self.db();
-        let cutoff = |v: f64| {
-            let name = "blob_garbage_collection_age_cutoff";
-            if let Err(e) = crate::tuning::set_option(&db, name, &v.to_string()) {
-                tracing::warn!(
-                    partition = self.partition,
-                    "blob GC cutoff {v} not set: {e}"
-                );
+        let gc = |on: bool| {
+            let name = "enable_blob_garbage_collection";
+            if let Err(e) = crate::tuning::set_option(&db, name, &on.to_string()) {
+                tracing::warn!(partition = self.partition, "blob GC {on} not set: {e}");
             }
         };
-        cutoff(1.0);
+        gc(true);
         let mut o = rocksdb::CompactOptions::default();
         o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
-        cutoff(AUTO_GC_AGE_CUTOFF);
+        gc(AUTO_BLOB_GC);
     }
 
     /// Bytes the instance occupies on disk (SST and blob files).
@@ -1270,12 +1269,12 @@ mod tests {
         out
     }
 
-    /// A compaction on RocksDB's own settings moves the values of the oldest quarter of the
-    /// blob files only, so bodies written once are not rewritten by every compaction that
-    /// passes over their keys; the node's reclaiming compaction moves every live value and
-    /// gives a deleted body's room back, and leaves the setting as it found it.
+    /// A compaction on RocksDB's own settings moves no blob values, so bodies written once
+    /// are not rewritten by every compaction that passes over their keys; the node's
+    /// reclaiming compaction moves every live value and gives a deleted body's room back,
+    /// and leaves the setting as it found it.
     #[test]
-    fn only_the_reclaiming_compaction_rewrites_every_blob_file() {
+    fn only_the_reclaiming_compaction_rewrites_blob_files() {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = SmStore::open(dir.path(), 1, b"").expect("open");
         let db = store.db();
@@ -1288,17 +1287,12 @@ mod tests {
         let written = blob_files(dir.path());
         assert_eq!(written.len(), 8, "{written:?}");
 
-        // What RocksDB's own compactions do: the oldest two of eight files are moved.
+        // What RocksDB's own compactions do: every file stays where it is.
         let mut o = rocksdb::CompactOptions::default();
         o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
         let after = blob_files(dir.path());
-        let newest: std::collections::BTreeSet<String> = written.iter().skip(2).cloned().collect();
-        assert!(newest.is_subset(&after), "{written:?} -> {after:?}");
-        assert!(
-            written.iter().take(2).all(|f| !after.contains(f)),
-            "{after:?}"
-        );
+        assert_eq!(after, written);
 
         for i in 0..4u32 {
             db.delete(format!("B{i}")).expect("delete");
