@@ -269,6 +269,7 @@ impl Node {
         node.spawn(dir_touch_loop);
         node.spawn(space_loop);
         node.spawn(leader_answer_loop);
+        node.spawn(snapshot_size_loop);
         Ok(node)
     }
 
@@ -866,6 +867,55 @@ async fn dir_touch_loop(node: Arc<Node>, cancel: CancellationToken) {
         tracing::warn!("directory attribute updates dropped at shutdown: no quorum in time");
     }
 }
+
+/// Builds a partition's snapshot once its log holds `[raft] snapshot_after_bytes` since the
+/// stored one (see `SnapshotMark::is_due`), beside openraft's own policy by entries: the
+/// log keeps file bodies until a snapshot, and 20,000 entries of images are gigabytes per
+/// partition. One build at a time per partition: the next check waits for it to be stored.
+/// A build that stores nothing (a disk without room keeps the stored snapshot) is asked
+/// again after 5 s, then at most every minute. Stops on `cancel`.
+async fn snapshot_size_loop(node: Arc<Node>, cancel: CancellationToken) {
+    let limit = node.config.raft.snapshot_after_bytes;
+    if limit == 0 {
+        return;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for part in node.partitions.values() {
+        let mark = part.store.snapshot_mark();
+        mark.snapshot_after_bytes(limit);
+        let (raft, id, cancel) = (part.raft.clone(), part.id, cancel.clone());
+        tasks.spawn(async move {
+            let mut wait = SNAPSHOT_RETRY_MIN;
+            loop {
+                if !mark.is_due() {
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = mark.due() => continue,
+                    }
+                }
+                let mut stored = mark.watch();
+                if let Err(e) = raft.trigger().snapshot().await {
+                    tracing::warn!(partition = id, "a snapshot by log size: {e}");
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    r = tokio::time::timeout(wait, stored.changed()) => {
+                        wait = match r {
+                            Ok(_) => SNAPSHOT_RETRY_MIN,
+                            Err(_) => (wait * 2).min(SNAPSHOT_RETRY_MAX),
+                        };
+                    }
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Longest wait for a snapshot asked for by log size before it is asked again, at first
+/// and at most (doubling between).
+const SNAPSHOT_RETRY_MIN: Duration = Duration::from_secs(5);
+const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Asks the leader of every partition that this node follows and was read relaxed from
 /// lately (`Partition::wants_leader_answers`, within two bounds) for its applied index,

@@ -229,11 +229,28 @@ fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<T
 /// the group (it panics on `purge_upto <= snapshot_last_log_id`): finding F5 of the
 /// fault-injection harness. So a purge past the stored snapshot waits for it.
 #[derive(Debug)]
-pub struct SnapshotMark(tokio::sync::watch::Sender<Option<LogId<NodeId>>>);
+pub struct SnapshotMark {
+    stored: tokio::sync::watch::Sender<Option<LogId<NodeId>>>,
+    /// Bytes of entries appended to the group's log since the node started.
+    appended: AtomicU64,
+    /// `appended` when the stored snapshot was taken (its build began, or it was
+    /// installed).
+    at_snapshot: AtomicU64,
+    /// Log bytes since the stored snapshot past which one is due (0: never by size).
+    limit: AtomicU64,
+    /// Woken when a snapshot falls due by size (see [`SnapshotMark::due`]).
+    due: tokio::sync::Notify,
+}
 
 impl Default for SnapshotMark {
     fn default() -> SnapshotMark {
-        SnapshotMark(tokio::sync::watch::Sender::new(None))
+        SnapshotMark {
+            stored: tokio::sync::watch::Sender::new(None),
+            appended: AtomicU64::new(0),
+            at_snapshot: AtomicU64::new(0),
+            limit: AtomicU64::new(0),
+            due: tokio::sync::Notify::new(),
+        }
     }
 }
 
@@ -243,17 +260,60 @@ const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 impl SnapshotMark {
     /// The last log id the stored snapshot covers (None: no snapshot).
     pub fn get(&self) -> Option<LogId<NodeId>> {
-        *self.0.borrow()
+        *self.stored.borrow()
     }
 
-    /// Records a snapshot durably stored up to `id`.
-    pub fn set(&self, id: Option<LogId<NodeId>>) {
-        self.0.send_replace(id);
+    /// Records a snapshot durably stored up to `id`, taken when the log's byte count was
+    /// `at` (see [`SnapshotMark::log_bytes`]).
+    pub fn set(&self, id: Option<LogId<NodeId>>, at: u64) {
+        self.at_snapshot.store(at, Ordering::Relaxed);
+        self.stored.send_replace(id);
+    }
+
+    /// Bytes of entries appended to the group's log since the node started.
+    pub fn log_bytes(&self) -> u64 {
+        self.appended.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of entries appended to the group's log since its stored snapshot was taken
+    /// (since the node started, if that was before).
+    pub fn log_bytes_since_snapshot(&self) -> u64 {
+        self.log_bytes()
+            .saturating_sub(self.at_snapshot.load(Ordering::Relaxed))
+    }
+
+    /// Makes a snapshot due once the log holds `bytes` since the stored one (0: never by
+    /// size).
+    pub fn snapshot_after_bytes(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether the log holds more since the stored snapshot than its limit.
+    pub fn is_due(&self) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        limit > 0 && self.log_bytes_since_snapshot() >= limit
+    }
+
+    /// Resolves once a snapshot may have fallen due by size (check [`SnapshotMark::is_due`]).
+    pub async fn due(&self) {
+        self.due.notified().await
+    }
+
+    fn appended(&self, bytes: u64) {
+        self.appended.fetch_add(bytes, Ordering::Relaxed);
+        if self.is_due() {
+            self.due.notify_one();
+        }
+    }
+
+    /// A receiver that sees each snapshot stored from now on.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<Option<LogId<NodeId>>> {
+        self.stored.subscribe()
     }
 
     /// Waits until the stored snapshot reaches `id`, at most `limit`.
     async fn reach(&self, id: LogId<NodeId>, limit: std::time::Duration) -> Result<(), String> {
-        let mut rx = self.0.subscribe();
+        let mut rx = self.stored.subscribe();
         let reached = tokio::time::timeout(limit, async {
             rx.wait_for(|m| *m >= Some(id)).await.map(|_| ())
         })
@@ -531,6 +591,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         })
         .await?;
         self.db.stats.appends.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &self.mark {
+            m.appended(bytes as u64);
+        }
         match self.db.flush_sender() {
             Some(tx) => {
                 if let Err(mpsc::SendError(cb)) = tx.send(callback) {
@@ -611,6 +674,28 @@ mod tests {
         s
     }
 
+    /// A snapshot falls due by size once the log holds the limit since the stored one,
+    /// counted from where that snapshot was taken; without a limit, never.
+    #[tokio::test]
+    async fn a_snapshot_falls_due_by_the_log_bytes_since_the_stored_one() {
+        let mark = SnapshotMark::default();
+        mark.appended(5_000);
+        assert!(!mark.is_due(), "no limit set");
+        mark.snapshot_after_bytes(4_000);
+        assert!(mark.is_due());
+        // Taken when the log held 4,500 bytes: 500 since.
+        mark.set(Some(id(3)), 4_500);
+        assert_eq!(mark.log_bytes_since_snapshot(), 500);
+        assert!(!mark.is_due());
+        mark.appended(3_499);
+        assert!(!mark.is_due());
+        mark.appended(1);
+        assert!(mark.is_due());
+        tokio::time::timeout(Duration::from_secs(5), mark.due())
+            .await
+            .expect("woken when it fell due");
+    }
+
     /// A purge waits for the stored snapshot to reach it, and a committed id past the log's
     /// end is not claimed at start-up. openraft purges behind a received snapshot before it
     /// is installed; a crash in between left a replica openraft refused to start
@@ -631,10 +716,10 @@ mod tests {
         assert_eq!(s.try_get_log_entries(1..11).await.expect("read").len(), 10);
 
         // A snapshot short of it does not release it; one that reaches it does.
-        mark.set(Some(id(5)));
+        mark.set(Some(id(5)), 0);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!purge.is_finished());
-        mark.set(Some(id(9)));
+        mark.set(Some(id(9)), 0);
         purge.await.expect("join").expect("purge");
         let st = s.get_log_state().await.expect("log state");
         assert_eq!(st.last_purged_log_id, Some(id(8)));

@@ -278,7 +278,7 @@ impl SmStore {
             Err(e) => return Err(Fatal::Corrupt(format!("read the snapshot: {e}"))),
         };
         if let Some(s) = &stored {
-            mark.set(s.meta.last_log_id);
+            mark.set(s.meta.last_log_id, 0);
         }
         remove_data_files_but(dir, stored.as_ref().map(|s| s.data_file.as_str()), &|_| {
             false
@@ -528,6 +528,8 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     };
     let data_file = format!("{DATA_FILE}{:016x}", rand::random::<u64>());
     let data_path = store.dir.join(&data_file);
+    // What the log held when the checkpoint began: a snapshot by size counts from here.
+    let log_bytes = store.mark.log_bytes();
     let result = (|| -> Result<Snapshot<TypeConfig>, Fatal> {
         checkpoint(&db, &data_path)?;
         let (applied, membership) = {
@@ -555,7 +557,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         };
         let snapshot = store.open_data(&data_file)?;
         write_atomic(&store.snapshot_file(), &enc(&stored))?;
-        store.mark.set(meta.last_log_id);
+        store.mark.set(meta.last_log_id, log_bytes);
         store.keep_only_data(&data_file);
         Ok(Snapshot { meta, snapshot })
     })();
@@ -850,7 +852,7 @@ fn install_snapshot(
     crate::fail_point!("snapshot-install-switched");
     std::fs::rename(&pending, store.snapshot_file())
         .map_err(|e| werr(Fatal::Corrupt(format!("put the snapshot in place: {e}"))))?;
-    store.mark.set(last);
+    store.mark.set(last, store.mark.log_bytes());
     store.keep_only_data(&data_file);
     tracing::info!(
         partition = store.partition,

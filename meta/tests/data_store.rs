@@ -453,3 +453,49 @@ async fn chunks_no_layout_names_are_reclaimed() {
     assert_eq!(fx.read(ino).await, want);
     fx.cluster.shutdown().await;
 }
+
+/// The Raft log keeps file bodies until a snapshot: once a partition's log holds
+/// `snapshot_after_bytes` since the last one, the node builds a snapshot, long before the
+/// policy by entries would, and purges the log behind it; the bodies read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_of_bodies_is_snapshotted_by_its_size() {
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(2)
+        .replication(1)
+        .snapshots(1_000_000, 10)
+        .snapshot_after_bytes(1 << 20)
+        .start()
+        .await
+        .expect("cluster");
+    let c = common::client(&cluster.addrs()).await;
+    let node = cluster.node(1).expect("node").node.clone();
+    for part in node.partitions.values() {
+        assert_eq!(part.store.snapshot_mark().get(), None, "a fresh partition");
+    }
+    c.mkdir("/d", Default::default()).await.expect("mkdir");
+    for i in 0..60u64 {
+        c.write_file(format!("/d/f{i:02}"), bytes(100_000, i).as_slice())
+            .await
+            .expect("write");
+    }
+    eventually(
+        Duration::from_secs(60),
+        "a snapshot by size on each partition, and its log purged",
+        || async {
+            node.partitions
+                .values()
+                .all(|part| {
+                    part.store.snapshot_mark().get().is_some()
+                        && part.raft.metrics().borrow().purged.is_some()
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    for i in 0..60u64 {
+        let got = c.read_file(format!("/d/f{i:02}")).await.expect("read");
+        assert!(got == bytes(100_000, i), "f{i:02} read back");
+    }
+    cluster.shutdown().await;
+}

@@ -119,6 +119,11 @@ impl TestClusterBuilder {
         self.raft.keep_entries_after_snapshot = keep;
         self
     }
+    /// Snapshot once the log holds `bytes` of entries since the last one (0: never by size).
+    pub fn snapshot_after_bytes(mut self, bytes: u64) -> Self {
+        self.raft.snapshot_after_bytes = bytes;
+        self
+    }
     /// Age of a prepared transaction intent after which recovery resolves it.
     pub fn txn_recovery_after_ms(mut self, ms: u64) -> Self {
         self.txn_recovery_after_ms = ms;

@@ -273,6 +273,7 @@ pub fn test_raft(snapshot_after: u64, keep: u64) -> RaftConfig {
         election_timeout_min_ms: 500,
         election_timeout_max_ms: 1000,
         snapshot_after_entries: snapshot_after,
+        snapshot_after_bytes: RaftConfig::default().snapshot_after_bytes,
         keep_entries_after_snapshot: keep,
         txn_recovery_after_ms: 2000,
     }
