@@ -448,10 +448,10 @@ impl<'a> Files<'a> {
 
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
     /// all while the data file system is nearly full, then builds a snapshot of each so
-    /// that the files the compaction replaced leave the disk. A compaction rewrites the store's
-    /// files before it deletes the old ones, so it waits for a later round while the disk
-    /// has no room for a copy beside the critical floor: one run on a full disk filled it
-    /// to the last byte and failed the node's next writes.
+    /// that the files the compaction replaced leave the disk. A compaction rewrites the
+    /// store's files before it deletes the old ones, so it waits for a later round while
+    /// the disk has no room for a copy beside the critical floor: one run on a full disk
+    /// filled it to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
         for part in self.node.partitions.values() {

@@ -221,7 +221,9 @@ fn flush_loop(db: Arc<DB>, stats: Arc<LogStats>, rx: mpsc::Receiver<LogFlushed<T
 }
 
 /// The last log id a partition's stored snapshot covers: set by its state machine once a
-/// snapshot is durably in place, read by its log, which purges nothing past it.
+/// snapshot is durably in place, read by its log, which purges nothing past it. It also
+/// counts the bytes the log took since that snapshot, for a snapshot by size (see
+/// [`SnapshotMark::is_due`]).
 ///
 /// openraft 0.9 asks to purge the log behind a received snapshot in the same step as it
 /// hands the snapshot to the state machine, without waiting for the install. A crash between
