@@ -1,5 +1,6 @@
 //! Deleting half of 100,000 small files gives the space back on disk (compaction with
-//! BlobDB garbage collection), while reads of the other half keep being served.
+//! BlobDB garbage collection, then a snapshot whose checkpoint no longer links the old
+//! files), while reads of the other half keep being served.
 
 mod common;
 
@@ -20,6 +21,26 @@ fn body(i: usize) -> Vec<u8> {
     let mut b = vec![(i % 251) as u8; SIZE];
     b[..8].copy_from_slice(&(i as u64).to_le_bytes());
     b
+}
+
+/// Bytes allocated on disk under `dir`, each file counted once however many links it has
+/// (a snapshot's checkpoint links the store's files).
+fn allocated(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else if seen.insert((m.dev(), m.ino())) {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -87,6 +108,14 @@ async fn deleting_half_the_files_gives_the_space_back() {
         p.store.db().flush().expect("flush");
     }
     let before = disk(&node);
+    let sm_dir = node.config.data_dir.join("sm");
+    let on_disk_before = allocated(&sm_dir);
+    assert!(
+        node.partitions
+            .values()
+            .all(|p| p.store.snapshot_mark().get().is_some()),
+        "every partition has a snapshot, whose checkpoint links the bodies"
+    );
     println!(
         "{FILES} files of {SIZE} bytes: {:.1} MiB on disk",
         before as f64 / 1048576.0
@@ -139,16 +168,18 @@ async fn deleting_half_the_files_gives_the_space_back() {
             }
         })
         .await;
-    // The collector compacts partitions with many deletions; wait for the space.
+    // The collector compacts partitions with many deletions; wait for the space, in the
+    // stores and on the disk: the files a compaction replaced leave with the checkpoint
+    // that linked them, replaced by the snapshot built after it.
     let after = eventually(Duration::from_secs(300), "space to come back", || {
-        let node = node.clone();
+        let (node, sm_dir) = (node.clone(), sm_dir.clone());
         async move {
             let now = node
                 .partitions
                 .values()
                 .map(|p| p.store.disk_bytes())
                 .sum::<u64>();
-            (now <= before * 3 / 4).then_some(now)
+            (now <= before * 3 / 4 && allocated(&sm_dir) <= on_disk_before * 3 / 4).then_some(now)
         }
     })
     .await;
@@ -157,9 +188,12 @@ async fn deleting_half_the_files_gives_the_space_back() {
         r.await.expect("reader");
     }
     println!(
-        "after deleting half: {:.1} MiB on disk ({:.0}% of before); {} reads served meanwhile",
+        "after deleting half: {:.1} MiB in the stores ({:.0}% of before), {:.1} MiB on disk \
+         ({:.0}%); {} reads served meanwhile",
         after as f64 / 1048576.0,
         after as f64 * 100.0 / before as f64,
+        allocated(&sm_dir) as f64 / 1048576.0,
+        allocated(&sm_dir) as f64 * 100.0 / on_disk_before as f64,
         reads.load(Ordering::Relaxed)
     );
     assert!(reads.load(Ordering::Relaxed) > 0);
