@@ -10,7 +10,7 @@
 //! which directory goes in and where it comes out.
 
 use std::future::Future;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -111,10 +111,14 @@ impl Layout {
         use std::os::unix::fs::FileExt;
         let want = want.min(usize::try_from(self.len.saturating_sub(pos)).unwrap_or(usize::MAX));
         let mut out = Vec::with_capacity(want);
-        let mut i = self.parts.partition_point(|(start, _)| *start <= pos);
+        // The piece holding `pos`: the last one starting at or before it.
+        let mut i = self
+            .parts
+            .partition_point(|(start, _)| *start <= pos)
+            .saturating_sub(1);
         let mut at = pos;
-        while out.len() < want && i > 0 && i <= self.parts.len() {
-            let (start, part) = &self.parts[i - 1];
+        while out.len() < want && i < self.parts.len() {
+            let (start, part) = &self.parts[i];
             let off = at - start;
             let n = (part.len() - off).min((want - out.len()) as u64) as usize;
             match part {
@@ -137,28 +141,6 @@ impl Layout {
         }
         Ok(out)
     }
-
-    /// Writes the whole stream to `out`; returns the bytes written.
-    pub fn write_to(&self, out: &mut impl Write) -> io::Result<u64> {
-        for (_, part) in &self.parts {
-            match part {
-                Part::Bytes(b) => out.write_all(b)?,
-                Part::File { path, len } => {
-                    let f = std::fs::File::open(path)?;
-                    if io::copy(&mut f.take(*len), out)? != *len {
-                        return Err(invalid(format!("{} shrank while packed", path.display())));
-                    }
-                }
-            }
-        }
-        Ok(self.len)
-    }
-}
-
-/// Writes the regular files of `dir` (those `keep` accepts, in name order) to `out`;
-/// returns the bytes written.
-pub fn pack(dir: &Path, keep: impl Fn(&str) -> bool, out: &mut impl Write) -> io::Result<u64> {
-    Layout::of(dir, keep)?.write_to(out)
 }
 
 /// Most bytes one read of a [`PackReader`] takes from the disk at once.
@@ -379,26 +361,37 @@ pub fn unpack(input: &mut impl Read, dir: &Path) -> io::Result<usize> {
 mod tests {
     use super::*;
 
-    fn packed(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    /// A directory holding `files`.
+    fn dir_of(files: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
         let src = tempfile::tempdir().expect("temp dir");
         for (name, data) in files {
             std::fs::write(src.path().join(name), data).expect("write");
         }
-        let mut out = Vec::new();
-        let n = pack(src.path(), |n| n != "LOCK", &mut out).expect("pack");
-        assert_eq!(n, out.len() as u64);
+        src
+    }
+
+    /// The whole packed stream of `dir`, all but its `LOCK`.
+    fn packed(dir: &Path) -> Vec<u8> {
+        let layout = Layout::of(dir, |n| n != "LOCK").expect("lay out");
+        let out = layout.read_at(0, layout.len() as usize).expect("read");
+        assert_eq!(layout.len(), out.len() as u64);
         out
+    }
+
+    /// A table file of `big`, a small one, an empty one, and a lock the pack leaves out.
+    fn checkpoint_like(big: &[u8]) -> tempfile::TempDir {
+        dir_of(&[
+            ("000007.sst", big.to_vec()),
+            ("MANIFEST-000005", b"m".to_vec()),
+            ("empty", Vec::new()),
+            ("LOCK", b"skipped".to_vec()),
+        ])
     }
 
     #[test]
     fn a_directory_round_trips() {
         let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        let out = packed(&[
-            ("000007.sst", big.clone()),
-            ("MANIFEST-000005", b"m".to_vec()),
-            ("empty", Vec::new()),
-            ("LOCK", b"skipped".to_vec()),
-        ]);
+        let out = packed(checkpoint_like(&big).path());
         let dst = tempfile::tempdir().expect("temp dir");
         assert_eq!(unpack(&mut out.as_slice(), dst.path()).expect("unpack"), 3);
         assert_eq!(
@@ -409,23 +402,14 @@ mod tests {
         assert!(!dst.path().join("LOCK").exists());
     }
 
-    /// The reader gives the bytes `pack` writes, from any offset a seek puts it at, in
+    /// The reader gives the whole pack's bytes, from any offset a seek puts it at, in
     /// reads of any size, without copying the files first.
     #[tokio::test]
     async fn a_laid_out_directory_reads_as_its_pack_from_any_offset() {
         use tokio::io::{AsyncReadExt, AsyncSeekExt};
-        let src = tempfile::tempdir().expect("temp dir");
         let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        for (name, data) in [
-            ("000007.sst", big.clone()),
-            ("MANIFEST-000005", b"m".to_vec()),
-            ("empty", Vec::new()),
-            ("LOCK", b"skipped".to_vec()),
-        ] {
-            std::fs::write(src.path().join(name), data).expect("write");
-        }
-        let mut whole = Vec::new();
-        pack(src.path(), |n| n != "LOCK", &mut whole).expect("pack");
+        let src = checkpoint_like(&big);
+        let whole = packed(src.path());
         let layout = Layout::of(src.path(), |n| n != "LOCK").expect("lay out");
         assert_eq!(layout.len(), whole.len() as u64);
 
@@ -468,7 +452,7 @@ mod tests {
 
     #[test]
     fn a_cut_stream_a_bad_name_or_another_version_is_refused() {
-        let out = packed(&[("a", vec![1; 1000])]);
+        let out = packed(dir_of(&[("a", vec![1; 1000])]).path());
         let dst = tempfile::tempdir().expect("temp dir");
         let cut = unpack(&mut &out[..out.len() - 10], dst.path()).expect_err("cut short");
         assert_eq!(cut.kind(), io::ErrorKind::UnexpectedEof);
