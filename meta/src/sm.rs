@@ -385,27 +385,21 @@ impl SmStore {
     /// stored.
     fn open_data(&self, name: &str) -> Result<Box<crate::archive::Stream>, Fatal> {
         let path = self.dir.join(name);
+        let failed = |e: std::io::Error| Fatal::Corrupt(format!("open {}: {e}", path.display()));
         let mut u = self.data_in_use.lock().unwrap_or_else(|p| p.into_inner());
-        let open = || -> std::io::Result<crate::archive::Stream> {
-            if path.is_dir() {
-                let layout = crate::archive::Layout::of(&path, in_snapshot)?;
-                let hold = DataHold {
-                    dir: self.dir.clone(),
-                    name: name.to_string(),
-                    in_use: self.data_in_use.clone(),
-                };
-                Ok(crate::archive::Stream::Pack(
-                    crate::archive::PackReader::new(layout, hold),
-                ))
-            } else {
-                let f = std::fs::File::open(&path)?;
-                Ok(crate::archive::Stream::File(tokio::fs::File::from_std(f)))
-            }
-        };
-        let stream = open().map_err(|e| Fatal::Corrupt(format!("open {}: {e}", path.display())))?;
-        if matches!(stream, crate::archive::Stream::Pack(_)) {
+        let stream = if path.is_dir() {
+            let layout = crate::archive::Layout::of(&path, in_snapshot).map_err(failed)?;
             *u.readers.entry(name.to_string()).or_default() += 1;
-        }
+            let hold = DataHold {
+                dir: self.dir.clone(),
+                name: name.to_string(),
+                in_use: self.data_in_use.clone(),
+            };
+            crate::archive::Stream::Pack(crate::archive::PackReader::new(layout, hold))
+        } else {
+            let f = std::fs::File::open(&path).map_err(failed)?;
+            crate::archive::Stream::File(tokio::fs::File::from_std(f))
+        };
         Ok(Box::new(stream))
     }
 }
@@ -565,14 +559,12 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
         Ok(s) => Ok(s),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&data_path);
-            if !crate::space::is_no_space(&e) {
-                return Err(werr(e));
+            if crate::space::is_no_space(&e) {
+                if let Some(kept) = keep_stored_snapshot(store, &e).map_err(werr)? {
+                    return Ok(kept);
+                }
             }
-            match keep_stored_snapshot(store, &e) {
-                Ok(Some(kept)) => Ok(kept),
-                Ok(None) => Err(werr(e)),
-                Err(e2) => Err(werr(e2)),
-            }
+            Err(werr(e))
         }
     }
 }
@@ -806,20 +798,18 @@ fn install_snapshot(
         checkpoint(&db, &data_path)?;
         Ok((db, paused))
     })();
+    // The received stream has served, whether the install goes on or not.
+    if let Some(path) = &received {
+        let _ = std::fs::remove_file(path);
+    }
     let (db, paused) = match res {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&target);
             let _ = std::fs::remove_dir_all(&data_path);
-            if let Some(path) = &received {
-                let _ = std::fs::remove_file(path);
-            }
             return Err(werr(e));
         }
     };
-    if let Some(path) = &received {
-        let _ = std::fs::remove_file(path);
-    }
     // The switch is the install's commit point: the new instance's snapshot record is
     // written first, under its name, and put in place after (or by the next open).
     let last = meta.last_log_id;
