@@ -31,10 +31,10 @@ pub struct Config {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
-    /// Memtable budget of the whole node (the Raft log and every partition): unflushed
-    /// writes beyond it are flushed. Capped at a quarter of the space reserve (half its
-    /// restart share), so that what a restart must flush fits in the room the reserve
-    /// gives back.
+    /// Memtable budget of the whole node: a quarter for the Raft log's memtable, the rest
+    /// shared by the partitions; unflushed writes beyond it are flushed. Capped at a
+    /// quarter of the space reserve (half its restart share), so that what a restart must
+    /// flush fits in the room the reserve gives back.
     pub write_buffer_bytes: u64,
     /// Read cache of the whole node, in memory: blocks of every store and small-file bodies
     /// (blobs) of every partition, least recently used out first. 0: RocksDB's default

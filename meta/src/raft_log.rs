@@ -102,7 +102,7 @@ impl LogDb {
         tuning: &crate::tuning::Tuning,
     ) -> Result<Arc<LogDb>, LogOpenError> {
         let mut o = Options::default();
-        tuning.apply(&mut o);
+        tuning.apply_log(&mut o);
         // Entries that carry file data go to blob files, so compaction rewrites only keys
         // and references: a compaction of inline values would need as much free disk as the
         // log holds. The log is purged in order, so whole blob files fall out of use and are

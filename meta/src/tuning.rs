@@ -25,8 +25,11 @@ const MIN_WRITE_BUFFER: usize = 1 << 20;
 /// Memtable sizes of a node's stores.
 #[derive(Clone, Default)]
 pub struct Tuning {
+    /// The partitions' shared memtable budget.
     budget: Option<WriteBufferManager>,
     write_buffer_size: usize,
+    /// The Raft log's memtable, outside `budget` (see [`Tuning::with_budget`]).
+    log_write_buffer_size: usize,
     cache: Option<Cache>,
     /// RocksDB's own compactions are off in every store while set (see
     /// [`Tuning::pause_compactions`]); shared by every clone.
@@ -49,13 +52,25 @@ impl std::fmt::Debug for Tuning {
 }
 
 impl Tuning {
-    /// A node-wide budget of `bytes` for all memtables; each store's memtable is a quarter
-    /// of it (at least 1 MiB), so that writes to any store flush before the sum runs over.
+    /// A node-wide budget of `bytes` for all memtables. The Raft log's memtable is a
+    /// quarter of it (at least 1 MiB) and its own; the partitions share the rest, and each
+    /// one's memtable is also a quarter of the whole, so that writes to any partition flush
+    /// before their sum runs over.
+    ///
+    /// The log is kept out of the partitions' budget because a shared budget flushes the
+    /// store that writes when the sum runs over, not the one that holds the most: that was
+    /// the log, written at every append, flushed a memtable of a megabyte or so at a time
+    /// while the partitions held the budget. Each flush also starts a new WAL file, so the
+    /// log's WAL files stayed too small to be written over (see
+    /// `crate::raft_log::LogDb::open_gated`), and every append's sync extended a file.
     pub fn with_budget(bytes: u64) -> Tuning {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        let quarter = (bytes / 4).max(MIN_WRITE_BUFFER);
+        let shared = bytes.saturating_sub(quarter).max(MIN_WRITE_BUFFER);
         Tuning {
-            budget: Some(WriteBufferManager::new_write_buffer_manager(bytes, false)),
-            write_buffer_size: (bytes / 4).max(MIN_WRITE_BUFFER),
+            budget: Some(WriteBufferManager::new_write_buffer_manager(shared, false)),
+            write_buffer_size: quarter,
+            log_write_buffer_size: quarter,
             cache: None,
             compactions_paused: Arc::default(),
         }
@@ -107,15 +122,25 @@ impl Tuning {
         configured.min((reserve / 4).max(2 * MIN_WRITE_BUFFER as u64))
     }
 
-    /// Sets `o`'s memtable size and budget, its bloom filters and its block cache, and
-    /// whether RocksDB compacts on its own.
+    /// Sets a partition store's options `o`: its memtable size and budget, its bloom
+    /// filters and its block cache, and whether RocksDB compacts on its own.
     pub fn apply(&self, o: &mut Options) {
-        o.set_disable_auto_compactions(self.compactions_paused());
-        if self.write_buffer_size > 0 {
-            o.set_write_buffer_size(self.write_buffer_size);
-        }
         if let Some(b) = &self.budget {
             o.set_write_buffer_manager(b);
+        }
+        self.apply_own(o, self.write_buffer_size);
+    }
+
+    /// As [`Tuning::apply`], for the Raft log's store: its own memtable, outside the
+    /// partitions' budget.
+    pub fn apply_log(&self, o: &mut Options) {
+        self.apply_own(o, self.log_write_buffer_size);
+    }
+
+    fn apply_own(&self, o: &mut Options, write_buffer_size: usize) {
+        o.set_disable_auto_compactions(self.compactions_paused());
+        if write_buffer_size > 0 {
+            o.set_write_buffer_size(write_buffer_size);
         }
         // A bloom filter per table file: a point read (an inode, a dentry, a body) skips the
         // files that cannot hold its key, and a create's "name absent" check does not read
@@ -237,6 +262,44 @@ mod tests {
         assert_eq!(Tuning::budget_for(128 << 20, 4 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 1 << 20), 2 << 20);
         assert_eq!(Tuning::budget_for(128 << 20, 0), 128 << 20);
+    }
+
+    /// The Raft log's memtable is its own: partitions that hold the shared budget do not
+    /// make the log's next append flush it (which would also start a new WAL file).
+    #[test]
+    fn the_log_keeps_its_memtable_while_the_partitions_hold_the_budget() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tuning = Tuning::with_budget(16 << 20);
+        let open = |name: &str, log: bool| {
+            let mut o = Options::default();
+            o.create_if_missing(true);
+            if log {
+                tuning.apply_log(&mut o);
+            } else {
+                tuning.apply(&mut o);
+            }
+            DB::open(&o, dir.path().join(name)).expect("open")
+        };
+        let value = [7u8; 1000];
+        let partitions: Vec<DB> = (0..5).map(|p| open(&format!("p{p}"), false)).collect();
+        for (p, db) in partitions.iter().enumerate() {
+            for i in 0..2_400u32 {
+                db.put((p as u32 * 10_000 + i).to_be_bytes(), value)
+                    .expect("put");
+            }
+        }
+        let log = open("log", true);
+        for i in 0..3_000u32 {
+            log.put(i.to_be_bytes(), value).expect("put");
+        }
+        let int = |name: &str| log.property_int_value(name).expect("property").unwrap_or(0);
+        assert_eq!(int("rocksdb.num-files-at-level0"), 0, "the log was flushed");
+        assert_eq!(
+            int("rocksdb.num-immutable-mem-table"),
+            0,
+            "the log was flushed"
+        );
+        assert!(int("rocksdb.cur-size-active-mem-table") > 3_000_000);
     }
 
     /// A status field is read by its whole name, in bytes.
