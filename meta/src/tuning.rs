@@ -25,11 +25,11 @@ const MIN_WRITE_BUFFER: usize = 1 << 20;
 /// Memtable sizes of a node's stores.
 #[derive(Clone, Default)]
 pub struct Tuning {
-    /// The partitions' shared memtable budget.
+    /// The partitions' shared memtable budget; the Raft log's memtable is outside it (see
+    /// [`Tuning::with_budget`]).
     budget: Option<WriteBufferManager>,
+    /// Each store's memtable, the log's included.
     write_buffer_size: usize,
-    /// The Raft log's memtable, outside `budget` (see [`Tuning::with_budget`]).
-    log_write_buffer_size: usize,
     cache: Option<Cache>,
     /// RocksDB's own compactions are off in every store while set (see
     /// [`Tuning::pause_compactions`]); shared by every clone.
@@ -70,7 +70,6 @@ impl Tuning {
         Tuning {
             budget: Some(WriteBufferManager::new_write_buffer_manager(shared, false)),
             write_buffer_size: quarter,
-            log_write_buffer_size: quarter,
             cache: None,
             compactions_paused: Arc::default(),
         }
@@ -128,19 +127,19 @@ impl Tuning {
         if let Some(b) = &self.budget {
             o.set_write_buffer_manager(b);
         }
-        self.apply_own(o, self.write_buffer_size);
+        self.apply_own(o);
     }
 
     /// As [`Tuning::apply`], for the Raft log's store: its own memtable, outside the
     /// partitions' budget.
     pub fn apply_log(&self, o: &mut Options) {
-        self.apply_own(o, self.log_write_buffer_size);
+        self.apply_own(o);
     }
 
-    fn apply_own(&self, o: &mut Options, write_buffer_size: usize) {
+    fn apply_own(&self, o: &mut Options) {
         o.set_disable_auto_compactions(self.compactions_paused());
-        if write_buffer_size > 0 {
-            o.set_write_buffer_size(write_buffer_size);
+        if self.write_buffer_size > 0 {
+            o.set_write_buffer_size(self.write_buffer_size);
         }
         // A bloom filter per table file: a point read (an inode, a dentry, a body) skips the
         // files that cannot hold its key, and a create's "name absent" check does not read
