@@ -127,16 +127,12 @@ impl Tuning {
         if let Some(b) = &self.budget {
             o.set_write_buffer_manager(b);
         }
-        self.apply_own(o);
+        self.apply_log(o);
     }
 
-    /// As [`Tuning::apply`], for the Raft log's store: its own memtable, outside the
-    /// partitions' budget.
+    /// Sets the Raft log's store's options `o`: those of [`Tuning::apply`] but the
+    /// partitions' budget, so the log's memtable is its own.
     pub fn apply_log(&self, o: &mut Options) {
-        self.apply_own(o);
-    }
-
-    fn apply_own(&self, o: &mut Options) {
         o.set_disable_auto_compactions(self.compactions_paused());
         if self.write_buffer_size > 0 {
             o.set_write_buffer_size(self.write_buffer_size);
