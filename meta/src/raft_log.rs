@@ -786,6 +786,40 @@ mod tests {
         }
     }
 
+    /// Entry `i` encoded as the log stores it, followed by `extra` bytes of `fill`: a value
+    /// the size of an entry that carries a body.
+    fn padded_entry(i: u64, extra: usize, fill: u8) -> Vec<u8> {
+        let e = Entry::<TypeConfig> {
+            log_id: id(i),
+            payload: EntryPayload::Normal(crate::types::Command::Noop),
+        };
+        let mut b = crate::format::encode(&e).expect("encode an entry");
+        b.resize(b.len() + extra, fill);
+        b
+    }
+
+    /// Writes `value(i)` as entry `i` of `s`'s group for each of `indexes`, straight to the
+    /// store (no sync).
+    fn put_entries(
+        s: &LogStore,
+        indexes: impl IntoIterator<Item = u64>,
+        value: impl Fn(u64) -> Vec<u8>,
+    ) {
+        for i in indexes {
+            s.db.db.put(s.key(b'e', Some(i)), value(i)).expect("write");
+        }
+    }
+
+    /// The files of `dir` whose names `pick` takes.
+    fn files_where(dir: &Path, pick: impl Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .expect("list the log's files")
+            .filter_map(|f| f.ok())
+            .filter(|f| pick(&f.file_name().to_string_lossy()))
+            .map(|f| f.path())
+            .collect()
+    }
+
     /// A WAL file written over after a memtable flush is read back to its last new record at
     /// a restart, not into the older records still behind it, and loses nothing before it.
     #[tokio::test]
@@ -793,45 +827,25 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("log");
         let crashed = dir.path().join("crashed");
-        let payload = |i: u64| {
-            let e = Entry::<TypeConfig> {
-                log_id: id(i),
-                payload: EntryPayload::Normal(crate::types::Command::Noop),
-            };
-            let mut b = crate::format::encode(&e).expect("encode an entry");
-            b.resize(b.len() + 512, b'x');
-            b
-        };
+        let payload = |i: u64| padded_entry(i, 512, b'x');
         {
             let db = LogDb::open(&path).expect("open the log");
             let s = db.group(3);
-            for i in 1..=2_000 {
-                s.db.db
-                    .put(s.key(b'e', Some(i)), payload(i))
-                    .expect("write");
-            }
+            put_entries(&s, 1..=2_000, payload);
             // The memtable goes to a table file; its WAL file is kept, and the WAL file
             // after the next flush is that one, written over from its start.
             s.db.db.flush().expect("flush the memtable");
-            s.db.db
-                .put(s.key(b'e', Some(2_001)), payload(2_001))
-                .expect("write");
+            put_entries(&s, [2_001], payload);
             s.db.db.flush().expect("flush the memtable");
-            for i in 2_002..=2_010 {
-                s.db.db
-                    .put(s.key(b'e', Some(i)), payload(i))
-                    .expect("write");
-            }
+            put_entries(&s, 2_002..=2_010, payload);
             s.db.db.flush_wal(true).expect("sync the WAL");
             // What a crash leaves on disk now: a clean close would cut the WAL file to
             // its new records, so the restart reads a copy taken before it.
             copy_dir(&path, &crashed);
         }
         // The current WAL file is the first one, written over: its older records follow.
-        let largest_wal = std::fs::read_dir(&crashed)
-            .expect("list the copy")
-            .filter_map(|f| f.ok())
-            .filter(|f| f.file_name().to_string_lossy().ends_with(".log"))
+        let largest_wal = files_where(&crashed, |n| n.ends_with(".log"))
+            .iter()
             .filter_map(|f| f.metadata().ok().map(|m| m.len()))
             .max();
         assert!(largest_wal > Some(1 << 20), "{largest_wal:?}");
@@ -853,37 +867,19 @@ mod tests {
     async fn flushed_bodies_read_back_whole_after_a_reopen() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("log");
-        let payload = |i: u64| {
-            let e = Entry::<TypeConfig> {
-                log_id: id(i),
-                payload: EntryPayload::Normal(crate::types::Command::Noop),
-            };
-            let mut b = crate::format::encode(&e).expect("encode an entry");
-            b.resize(b.len() + 8_192 + i as usize, (i % 251) as u8);
-            b
-        };
+        let payload = |i: u64| padded_entry(i, 8_192 + i as usize, (i % 251) as u8);
         {
             let db = LogDb::open(&path).expect("open the log");
             let s = db.group(5);
-            for i in 1..=64 {
-                s.db.db
-                    .put(s.key(b'e', Some(i)), payload(i))
-                    .expect("write");
-            }
+            put_entries(&s, 1..=64, payload);
             s.db.db.flush().expect("flush the memtable");
         }
-        let blob_files = std::fs::read_dir(&path)
-            .expect("list the log")
-            .filter_map(|f| f.ok())
-            .filter(|f| f.file_name().to_string_lossy().ends_with(".blob"))
-            .count();
-        assert!(blob_files > 0, "the bodies went to blob files");
+        let blob_files = files_where(&path, |n| n.ends_with(".blob"));
+        assert!(!blob_files.is_empty(), "the bodies went to blob files");
         // The store flushed past the page cache exactly when its file system takes that.
-        let options: Vec<String> = std::fs::read_dir(&path)
-            .expect("list the log")
-            .filter_map(|f| f.ok())
-            .filter(|f| f.file_name().to_string_lossy().starts_with("OPTIONS-"))
-            .map(|f| std::fs::read_to_string(f.path()).expect("read the options"))
+        let options: Vec<String> = files_where(&path, |n| n.starts_with("OPTIONS-"))
+            .iter()
+            .map(|f| std::fs::read_to_string(f).expect("read the options"))
             .collect();
         let direct = format!(
             "use_direct_io_for_flush_and_compaction={}",
