@@ -56,7 +56,9 @@ pub enum LogOpenError {
 
 /// Whether `dir`'s file system takes writes that bypass the page cache (`O_DIRECT`): one
 /// aligned block written to a file of its own, then removed. Some refuse the flag at open
-/// (older tmpfs), some refuse the write; a store whose flushes failed so would stop.
+/// (older tmpfs), some refuse the write; a store whose flushes failed so would stop. A disk
+/// without room for the block answers no as well, and the log then flushes through the page
+/// cache until the node next starts, as it did before the probe.
 fn direct_writes_work(dir: &Path) -> bool {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
