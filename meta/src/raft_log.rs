@@ -782,9 +782,9 @@ mod tests {
 
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).expect("make the copy's directory");
-        for f in std::fs::read_dir(from).expect("list the log's files") {
-            let f = f.expect("list the log's files");
-            std::fs::copy(f.path(), to.join(f.file_name())).expect("copy a file");
+        for f in files_where(from, |_| true) {
+            let name = f.file_name().expect("a file's name");
+            std::fs::copy(&f, to.join(name)).expect("copy a file");
         }
     }
 
@@ -812,11 +812,26 @@ mod tests {
         }
     }
 
+    /// Asserts that entry `i` of `s`'s group holds `value(i)` for each of `indexes`.
+    fn assert_entries(
+        s: &LogStore,
+        indexes: impl IntoIterator<Item = u64>,
+        value: impl Fn(u64) -> Vec<u8>,
+    ) {
+        for i in indexes {
+            assert_eq!(
+                s.db.db.get(s.key(b'e', Some(i))).expect("read"),
+                Some(value(i)),
+                "entry {i}"
+            );
+        }
+    }
+
     /// The files of `dir` whose names `pick` takes.
     fn files_where(dir: &Path, pick: impl Fn(&str) -> bool) -> Vec<std::path::PathBuf> {
         std::fs::read_dir(dir)
             .expect("list the log's files")
-            .filter_map(|f| f.ok())
+            .map(|f| f.expect("list the log's files"))
             .filter(|f| pick(&f.file_name().to_string_lossy()))
             .map(|f| f.path())
             .collect()
@@ -853,13 +868,7 @@ mod tests {
         assert!(largest_wal > Some(1 << 20), "{largest_wal:?}");
         let db = LogDb::open(&crashed).expect("reopen the log");
         let s = db.group(3);
-        for i in [1, 1_000, 2_000, 2_001, 2_010] {
-            assert_eq!(
-                s.db.db.get(s.key(b'e', Some(i))).expect("read"),
-                Some(payload(i)),
-                "entry {i}"
-            );
-        }
+        assert_entries(&s, [1, 1_000, 2_000, 2_001, 2_010], payload);
         assert_eq!(s.db.db.get(s.key(b'e', Some(2_011))).expect("read"), None);
     }
 
@@ -890,13 +899,7 @@ mod tests {
         assert!(!options.is_empty() && options.iter().all(|o| o.contains(&direct)));
         let db = LogDb::open(&path).expect("reopen the log");
         let s = db.group(5);
-        for i in 1..=64 {
-            assert_eq!(
-                s.db.db.get(s.key(b'e', Some(i))).expect("read"),
-                Some(payload(i)),
-                "entry {i}"
-            );
-        }
+        assert_entries(&s, 1..=64, payload);
     }
 
     /// The probe for writes past the page cache leaves nothing behind, and a directory
@@ -905,8 +908,8 @@ mod tests {
     fn the_direct_write_probe_leaves_no_file() {
         let dir = tempfile::tempdir().expect("temp dir");
         let _ = direct_writes_work(dir.path());
-        let left = std::fs::read_dir(dir.path()).expect("list").count();
-        assert_eq!(left, 0);
+        let left = files_where(dir.path(), |_| true);
+        assert_eq!(left.len(), 0, "{left:?}");
         assert!(!direct_writes_work(&dir.path().join("absent")));
     }
 
