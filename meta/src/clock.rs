@@ -2,15 +2,20 @@
 //!
 //! Owns: every read of the wall clock in this crate ([`now`]): the times stamped on files
 //! and directories, and the proposal times that pace the background jobs (forgetting
-//! request records, reclaiming unlinked files, recovering stale transactions). Must not:
-//! pace anything that a jump of the wall clock could make unsafe; timers, Raft's and the
-//! client's, run on the monotonic clock.
+//! request records, reclaiming unlinked files); and [`confirmed_due`], which holds those
+//! jobs, and the recovery of stale transactions, to the monotonic clock where a jump of
+//! the wall clock would act too early or too late. Must not: pace anything that a jump of
+//! the wall clock could make unsafe; timers, Raft's and the client's, run on the monotonic
+//! clock.
 //!
 //! With the `failpoints` feature, the `wall-clock` fail point armed as `return(ms)` makes
 //! every read `ms` milliseconds later (earlier when negative) until it is disarmed: the
 //! fault harness's clock jump on one node, without touching the host's clock. Disarming it
 //! is the jump back.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::time::{Duration, Instant};
 use talon_model::Time;
 
 /// Name of the fail point that shifts this node's wall clock.
@@ -43,6 +48,38 @@ fn shifted(t: Time, ms: i64) -> Time {
         // Below 1e9 by the Euclidean remainder.
         nanos: nanos.rem_euclid(1_000_000_000) as u32,
     }
+}
+
+/// Of the items `due` (by a wall-clock time they carry, or simply present), those this node
+/// has found due for at least `hold` by its monotonic clock; `seen` (items found due, and
+/// since when) becomes exactly `due`'s items.
+///
+/// A wall-clock time stamped by one node and read against another's (or the same node's
+/// after a jump) can be wrong by any amount in either direction. Request records are listed
+/// here once their stamp looks old: a leader whose clock jumps forward would otherwise find
+/// every record due at once and forget them, and a copy of a request re-sent after a lost
+/// answer would then apply again (a second unlink, a second rename); so a record lives at
+/// least `hold` after it first looked old, twice `hold` under a steady clock. Prepared
+/// transactions are listed whatever their stamp: one stamped by a coordinator whose clock
+/// ran ahead would otherwise look young, and hold its keys, for as long as the clock was
+/// ahead. The monotonic clock cannot jump.
+pub fn confirmed_due<K: Copy + Eq + Hash>(
+    seen: &mut HashMap<K, Instant>,
+    due: Vec<K>,
+    now: Instant,
+    hold: Duration,
+) -> Vec<K> {
+    let mut next = HashMap::with_capacity(due.len());
+    let mut out = Vec::new();
+    for id in due {
+        let since = seen.get(&id).copied().unwrap_or(now);
+        if now.saturating_duration_since(since) >= hold {
+            out.push(id);
+        }
+        next.insert(id, since);
+    }
+    *seen = next;
+    out
 }
 
 #[cfg(test)]
@@ -104,5 +141,28 @@ mod tests {
             nanos: 0,
         };
         assert_eq!(shifted(end, i64::MAX).secs, i64::MAX);
+    }
+
+    /// A wall clock that jumps forward makes every record look old at once; none is forgotten
+    /// until it has looked old for the hold on the monotonic clock.
+    #[test]
+    fn records_that_look_old_at_once_are_held_on_the_monotonic_clock() {
+        let hold = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let mut seen = HashMap::new();
+        // After a jump: all of 1, 2, 3 look old.
+        assert!(confirmed_due(&mut seen, vec![1, 2, 3], t0, hold).is_empty());
+        // A minute later (by the monotonic clock) still nothing; 4 looks old now too, and 3
+        // is no longer listed (forgotten or replaced).
+        let t1 = t0 + Duration::from_secs(60);
+        assert!(confirmed_due(&mut seen, vec![1, 2, 4], t1, hold).is_empty());
+        assert!(!seen.contains_key(&3));
+        // The hold after the first sight: 1 and 2 go, 4 waits for its own.
+        let t2 = t0 + hold;
+        assert_eq!(
+            confirmed_due(&mut seen, vec![1, 2, 4], t2, hold),
+            vec![1, 2]
+        );
+        assert_eq!(confirmed_due(&mut seen, vec![4], t1 + hold, hold), vec![4]);
     }
 }

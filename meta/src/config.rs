@@ -121,7 +121,8 @@ pub struct RaftConfig {
     pub snapshot_after_bytes: u64,
     /// Log entries kept behind a snapshot, for followers that lag a little.
     pub keep_entries_after_snapshot: u64,
-    /// A prepared transaction older than this is resolved by asking its coordinator (ms).
+    /// A prepared transaction that a partition's leader has seen for this long (ms, by its
+    /// monotonic clock) is resolved by asking its coordinator.
     pub txn_recovery_after_ms: u64,
 }
 

@@ -413,7 +413,8 @@ impl<'a> Files<'a> {
 
     /// One round of forgetting request records older than `REQUEST_RECORD_MS` on the
     /// partitions this node leads: older by the wall clock they carry, and found so by this
-    /// node at least `REQUEST_RECORD_MS` ago by its monotonic clock (see [`confirmed_due`]).
+    /// node at least `REQUEST_RECORD_MS` ago by its monotonic clock (see
+    /// [`crate::clock::confirmed_due`]).
     pub async fn collect_requests(&self) {
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
@@ -435,7 +436,7 @@ impl<'a> Files<'a> {
                     .requests_due
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                confirmed_due(
+                crate::clock::confirmed_due(
                     all.entry(*p).or_default(),
                     due,
                     std::time::Instant::now(),
@@ -520,34 +521,6 @@ fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {
     }
 }
 
-/// Of the request records `due` by the wall-clock time they carry, those this node has found
-/// due for at least `hold` by its monotonic clock; `seen` (ids found due, and since when)
-/// becomes exactly `due`'s ids.
-///
-/// The wall clock alone is not enough: a leader whose clock jumps forward would find every
-/// record due at once and forget them, and a copy of a request re-sent after a lost answer
-/// would then apply again (a second unlink, a second rename). The monotonic clock cannot
-/// jump, so a record lives at least `hold` after it first looked old. Under a steady clock a
-/// record thus lives twice `hold`.
-pub fn confirmed_due(
-    seen: &mut std::collections::HashMap<u64, std::time::Instant>,
-    due: Vec<u64>,
-    now: std::time::Instant,
-    hold: Duration,
-) -> Vec<u64> {
-    let mut next = std::collections::HashMap::with_capacity(due.len());
-    let mut out = Vec::new();
-    for id in due {
-        let since = seen.get(&id).copied().unwrap_or(now);
-        if now.saturating_duration_since(since) >= hold {
-            out.push(id);
-        }
-        next.insert(id, since);
-    }
-    *seen = next;
-    out
-}
-
 /// Background garbage collection and compaction; stops on `cancel`. Each collector runs
 /// about four times per grace period (within 250 ms..30 s), so nothing outlives its grace
 /// by more than a quarter of it; compaction follows every round.
@@ -579,34 +552,5 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Instant;
-
-    /// A wall clock that jumps forward makes every record look old at once; none is forgotten
-    /// until it has looked old for the hold on the monotonic clock.
-    #[test]
-    fn records_that_look_old_at_once_are_held_on_the_monotonic_clock() {
-        let hold = Duration::from_secs(300);
-        let t0 = Instant::now();
-        let mut seen = std::collections::HashMap::new();
-        // After a jump: all of 1, 2, 3 look old.
-        assert!(confirmed_due(&mut seen, vec![1, 2, 3], t0, hold).is_empty());
-        // A minute later (by the monotonic clock) still nothing; 4 looks old now too, and 3
-        // is no longer listed (forgotten or replaced).
-        let t1 = t0 + Duration::from_secs(60);
-        assert!(confirmed_due(&mut seen, vec![1, 2, 4], t1, hold).is_empty());
-        assert!(!seen.contains_key(&3));
-        // The hold after the first sight: 1 and 2 go, 4 waits for its own.
-        let t2 = t0 + hold;
-        assert_eq!(
-            confirmed_due(&mut seen, vec![1, 2, 4], t2, hold),
-            vec![1, 2]
-        );
-        assert_eq!(confirmed_due(&mut seen, vec![4], t1 + hold, hold), vec![4]);
     }
 }

@@ -22,7 +22,7 @@ use crate::raft_log::LogDb;
 use crate::records::storage_error;
 use crate::sm::{PartitionSm, SmStore};
 use crate::space::{Level, Space};
-use crate::types::{Command, CommandResult, NodeId, Op, Raft};
+use crate::types::{Command, CommandResult, NodeId, Op, Raft, TxId};
 use openraft::BasicNode;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -105,8 +105,11 @@ pub struct Node {
     failed: Mutex<std::collections::BTreeSet<u32>>,
     /// Directory attribute updates waiting for the next flush (`dir_touch`).
     dir_touches: DirTouches,
-    /// Request records found due, by partition, and since when (see `data::confirmed_due`).
-    pub(crate) requests_due: Mutex<HashMap<u32, HashMap<u64, std::time::Instant>>>,
+    /// Request records found due, by partition, and since when (see `clock::confirmed_due`).
+    pub(crate) requests_due: Mutex<HashMap<u32, HashMap<u64, Instant>>>,
+    /// Prepared transactions found on partitions this node leads, by partition, and since
+    /// when (see `txn::Txns::recover_stale`).
+    pub(crate) txns_due: Mutex<HashMap<u32, HashMap<TxId, Instant>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -264,6 +267,7 @@ impl Node {
             failed: Mutex::new(Default::default()),
             dir_touches: DirTouches::default(),
             requests_due: Mutex::new(HashMap::new()),
+            txns_due: Mutex::new(HashMap::new()),
         });
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);

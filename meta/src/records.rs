@@ -157,7 +157,8 @@ pub struct PreparedRec {
     pub new_inos: Vec<Ino>,
     /// Lock keys held.
     pub locks: Vec<Vec<u8>>,
-    /// Proposal time (leader wall clock, ms), for recovery of stale intents.
+    /// Proposal time (the coordinator's wall clock, ms); recovery goes by the monotonic
+    /// clock of the partition's leader instead (see `txn::Txns::recover_stale`).
     pub at_ms: u64,
 }
 

@@ -13,8 +13,8 @@
 //! 4. `Finish(commit)` everywhere, in parallel; the client is answered when every
 //!    participant has applied it, so what it does next sees the whole change.
 //!
-//! Recovery: every partition leader scans its prepared intents; one older than
-//! `txn_recovery_after_ms` is resolved by proposing `Decide(abort)` at its coordinator
+//! Recovery: every partition leader scans its prepared intents; one it has seen prepared
+//! for `txn_recovery_after_ms` by its own monotonic clock is resolved by proposing `Decide(abort)` at its coordinator
 //! (which answers the decision already recorded, if any) and finishing accordingly. A
 //! crash at any step thus leaves the namespace as before or as after. Readers that meet a
 //! locked key get `Retry`, so no one observes half of a transaction.
@@ -26,10 +26,10 @@
 
 use crate::node::Node;
 use crate::types::{ApplyError, Command, CommandResult, Op, Outcome, TxId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 use talon_model::TalonError;
 use tokio_util::sync::CancellationToken;
 
@@ -191,13 +191,23 @@ impl<'a> Txns<'a> {
         futures::future::join_all(finishes).await;
     }
 
-    /// Resolves prepared intents on partitions this node leads that are older than the
-    /// recovery threshold.
+    /// The prepared transactions found due so far, by partition (see [`Txns::recover_stale`]).
+    fn txns_due(&self) -> MutexGuard<'_, HashMap<u32, HashMap<TxId, Instant>>> {
+        self.node.txns_due.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves prepared intents that this node has found on partitions it leads, round after
+    /// round, for the recovery threshold by its monotonic clock. The wall-clock time a prepare
+    /// carries is its coordinator's: read against this node's clock it is wrong by their
+    /// difference, and a coordinator whose clock ran minutes ahead would have its intents
+    /// look young, and hold their keys, for those minutes (finding F13). A node that takes a
+    /// partition over starts its count afresh, so an orphaned intent waits at most the
+    /// threshold after its new leader's first round.
     async fn recover_stale(&self) {
-        let threshold = self.node.config.raft.txn_recovery_after_ms;
-        let now = crate::clock::now().as_millis();
+        let threshold = Duration::from_millis(self.node.config.raft.txn_recovery_after_ms);
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
+                self.txns_due().remove(p);
                 continue;
             }
             let prepared = match part.store.prepared() {
@@ -207,10 +217,13 @@ impl<'a> Txns<'a> {
                     continue;
                 }
             };
-            for (txid, rec) in prepared {
-                if now.saturating_sub(rec.at_ms) < threshold {
-                    continue;
-                }
+            let due = crate::clock::confirmed_due(
+                self.txns_due().entry(*p).or_default(),
+                prepared.into_iter().map(|(txid, _)| txid).collect(),
+                Instant::now(),
+                threshold,
+            );
+            for txid in due {
                 let decision = match self
                     .node
                     .propose_on(

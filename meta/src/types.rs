@@ -281,7 +281,8 @@ pub enum Command {
         txid: TxId,
         /// This partition's share of it.
         ops: Vec<Op>,
-        /// Leader's wall clock in ms at proposal, for stale-intent recovery.
+        /// The coordinator's wall clock in ms at proposal. Recovery does not go by it (see
+        /// `txn::Txns::recover_stale`); it stays in the record as written.
         at_ms: u64,
     },
     /// Record the coordinator's decision; the first decision recorded wins.

@@ -1,7 +1,9 @@
 //! Recovery of transactions whose coordinator vanished: a participant holding a prepared
 //! intent asks the coordinator's partition for the decision. Undecided → aborted (the
 //! namespace as before); decided commit → finished (the namespace as after). Meanwhile
-//! readers of the locked entries wait rather than see half a rename.
+//! readers of the locked entries wait rather than see half a rename. Recovery counts an
+//! intent's age on its own monotonic clock, so a coordinator whose wall clock ran ahead
+//! when it prepared does not hold the keys for as long as its clock was ahead (finding F13).
 
 mod common;
 
@@ -28,7 +30,7 @@ fn split_names(a: Ino, b: Ino) -> (Vec<u8>, Vec<u8>) {
     panic!("no split pair found");
 }
 
-async fn orphaned_rename(commit_decided: bool) {
+async fn orphaned_rename(commit_decided: bool, coordinator_ahead: Duration) {
     // Recovery waits well past how long preparing and deciding can take on a loaded machine,
     // so it never aborts the transaction before this test has decided it.
     // The reader below waits for recovery; its deadline must outlast READER_BOUND, so a
@@ -77,7 +79,7 @@ async fn orphaned_rename(commit_decided: bool) {
             kind: FileKind::Regular,
         },
     ];
-    common::prepare(node, txid, vec![(pa, src), (pb, dst)]).await;
+    common::prepare_stamped(node, txid, vec![(pa, src), (pb, dst)], coordinator_ahead).await;
     if commit_decided {
         let r = node
             .propose_on(pa, Command::Decide { txid, commit: true })
@@ -123,10 +125,18 @@ async fn orphaned_rename(commit_decided: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn undecided_transaction_is_aborted_by_recovery() {
-    orphaned_rename(false).await;
+    orphaned_rename(false, Duration::ZERO).await;
+}
+
+/// The clock jump of the fault harness's F13: the coordinator's clock 400 s ahead when it
+/// prepared. Recovery that read the stamp against the participants' clocks waited those
+/// 400 s, and the reader's bound fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_intent_stamped_by_a_clock_ahead_is_recovered_as_soon() {
+    orphaned_rename(false, Duration::from_secs(400)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn decided_transaction_is_finished_by_recovery() {
-    orphaned_rename(true).await;
+    orphaned_rename(true, Duration::ZERO).await;
 }

@@ -101,8 +101,18 @@ pub async fn prepare(
     txid: talon_meta::types::TxId,
     shares: Vec<(u32, Vec<talon_meta::types::Op>)>,
 ) {
+    prepare_stamped(node, txid, shares, Duration::ZERO).await
+}
+
+/// [`prepare`] by a coordinator whose wall clock runs `ahead` of the true time.
+pub async fn prepare_stamped(
+    node: &talon_meta::node::Node,
+    txid: talon_meta::types::TxId,
+    shares: Vec<(u32, Vec<talon_meta::types::Op>)>,
+    ahead: Duration,
+) {
     use talon_meta::types::{Command, CommandResult};
-    let at_ms = std::time::SystemTime::now()
+    let at_ms = (std::time::SystemTime::now() + ahead)
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
