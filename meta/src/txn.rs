@@ -14,10 +14,11 @@
 //!    participant has applied it, so what it does next sees the whole change.
 //!
 //! Recovery: every partition leader scans its prepared intents; one it has seen prepared
-//! for `txn_recovery_after_ms` by its own monotonic clock is resolved by proposing `Decide(abort)` at its coordinator
-//! (which answers the decision already recorded, if any) and finishing accordingly. A
-//! crash at any step thus leaves the namespace as before or as after. Readers that meet a
-//! locked key get `Retry`, so no one observes half of a transaction.
+//! for `txn_recovery_after_ms` by its own monotonic clock is resolved by proposing
+//! `Decide(abort)` at its coordinator (which answers the decision already recorded, if any)
+//! and finishing accordingly. A crash at any step thus leaves the namespace as before or as
+//! after. Readers that meet a locked key get `Retry`, so no one observes half of a
+//! transaction.
 //!
 //! Its operations are methods of [`Txns`], a view of a [`Node`] borrowed for one call
 //! (`Txns::new(&node).run_ops(..)`), so a call names the file that defines it. It builds on
