@@ -2,13 +2,13 @@
 //! group's Raft traffic and by transaction calls between partition leaders (multi-Raft
 //! over one connection). Implements openraft's `RaftNetworkFactory` per partition.
 //!
-//! Payloads are postcard (see `format`) of openraft's request/response types, wrapped in a `RaftRequest`
-//! that names the partition. A call that fails to reach its peer is reported to openraft as
-//! `Unreachable` (a refused connection, a broken stream), so it backs off (half a second)
-//! before trying that peer again; a call that got no answer in its time (a follower slowed
-//! by a busy machine, or one behind a cut link) is a `Timeout`, retried at the next heartbeat
-//! or append without a back-off. An error raised by the remote Raft is passed through as
-//! `RemoteError`.
+//! Payloads are postcard (see `format`) of openraft's request/response types, wrapped in a
+//! `RaftRequest` that names the partition. A call that fails to reach its peer is reported
+//! to openraft as `Unreachable` (a refused connection, a broken stream), so it backs off
+//! (half a second) before trying that peer again; a call that got no answer in its time (a
+//! follower slowed by a busy machine, or one behind a cut link) is a `Timeout`, retried at
+//! the next heartbeat or append without a back-off. An error raised by the remote Raft is
+//! passed through as `RemoteError`.
 //!
 //! An AppendEntries without entries is not sent when the same stream's last append
 //! succeeded just before it with the same vote and the same matching entry (see
@@ -17,6 +17,12 @@
 //! on a busy group each commit cost two round trips per follower. The follower learns the
 //! commit index from the next append or from a heartbeat instead: within one and a half
 //! heartbeat intervals, as a heartbeat inside the window is answered here too.
+//!
+//! An AppendEntries with entries carries at most `APPEND_BYTES` of them (at least one
+//! entry), and goes on after openraft stops waiting for it, one heartbeat interval, until
+//! its peer answers or `APPEND_PATIENCE` ends: openraft's next try at the same entries
+//! waits for that answer instead of sending them again (see `InFlight`). Without this, a
+//! follower that fell behind by several MiB of file data on a busy machine never caught up.
 
 use crate::types::{NodeId, TypeConfig};
 use openraft::error::{
@@ -233,14 +239,82 @@ pub struct NetFactory {
 
 /// Sends one partition group's Raft RPCs to one target node.
 pub struct NetClient {
-    partition: u32,
-    me: NodeId,
-    target: NodeId,
-    peers: Arc<Peers>,
+    link: Link,
     confirmed_for: Duration,
     /// What the target answered Success to last on this stream: the leader's vote, the
     /// entry the target then held as the request's last, and when it was sent.
     confirmed: Option<Confirmed>,
+    /// The stream's append with entries still under way (see [`InFlight`]).
+    in_flight: Option<InFlight>,
+}
+
+/// Where one stream's calls go; the task that carries an append past openraft's wait holds
+/// a copy.
+#[derive(Clone)]
+struct Link {
+    partition: u32,
+    me: NodeId,
+    target: NodeId,
+    peers: Arc<Peers>,
+}
+
+/// What an AppendEntries call gives openraft.
+type AppendResult =
+    Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>>;
+
+/// An append with entries, sent by a task of its own so that it goes on after openraft
+/// stops waiting for it (one heartbeat interval).
+///
+/// openraft times an AppendEntries out after one heartbeat interval (100 ms by default),
+/// whatever it carries, and sends the same entries again. Entries carry file data (a chunk
+/// is up to 4 MiB), and a follower that fell behind is sent several at once: on a busy
+/// machine such a call took longer than the interval every time, each retry started the
+/// transfer from nothing, and the follower never caught up while the retries, sixteen
+/// streams of several MiB ten times a second, kept the machine busy. So the call lives on
+/// for [`APPEND_PATIENCE`], and openraft's next try at the same entries (the same vote and
+/// previous entry) waits for its answer instead of sending them again.
+struct InFlight {
+    vote: openraft::Vote<NodeId>,
+    prev: Option<openraft::LogId<NodeId>>,
+    /// The last entry sent.
+    last: Option<openraft::LogId<NodeId>>,
+    sent: std::time::Instant,
+    answer: tokio::sync::oneshot::Receiver<AppendResult>,
+    /// Ends the call when the stream moves on to other entries or ends (a new term).
+    _call: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl InFlight {
+    /// True if `rpc` asks for what this call is sending, or more after it.
+    fn serves(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        self.vote == rpc.vote
+            && self.prev == rpc.prev_log_id
+            && self.last <= rpc.entries.last().map(|e| e.log_id)
+    }
+}
+
+/// How long an append with entries may take before it counts as lost (see [`InFlight`]);
+/// as long as a snapshot chunk's install.
+const APPEND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Bytes of entries (file data mostly) one AppendEntries carries at most, beyond its first
+/// entry: one proposal's worth (`crate::partition`). A follower that fell behind is sent
+/// the rest in calls of its own, each answered as a partial success, so that its progress
+/// is counted as it goes rather than only once all of it arrived.
+const APPEND_BYTES: usize = 4 << 20;
+
+/// How many of `entries`, from the first, one AppendEntries carries: those within
+/// [`APPEND_BYTES`], and at least one.
+fn entries_within_budget(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+    let mut bytes = 0;
+    let over = entries.iter().position(|e| {
+        bytes += match &e.payload {
+            openraft::EntryPayload::Normal(cmd) => cmd.approx_bytes(),
+            _ => 64,
+        };
+        bytes > APPEND_BYTES
+    });
+    over.map_or(entries.len(), |i| i.max(1))
 }
 
 /// A successful append of one stream (see `NetClient::confirmed`).
@@ -255,12 +329,15 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
 
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> NetClient {
         NetClient {
-            partition: self.partition,
-            me: self.me,
-            target,
-            peers: self.peers.clone(),
+            link: Link {
+                partition: self.partition,
+                me: self.me,
+                target,
+                peers: self.peers.clone(),
+            },
             confirmed_for: self.confirmed_for,
             confirmed: None,
+            in_flight: None,
         }
     }
 }
@@ -282,11 +359,65 @@ impl NetClient {
             })
     }
 
+    /// Records the answer to an append of `vote` sent at `sent` whose last entry (or
+    /// previous one, with no entries) was `last`.
+    fn note_answer(
+        &mut self,
+        vote: openraft::Vote<NodeId>,
+        last: Option<openraft::LogId<NodeId>>,
+        sent: std::time::Instant,
+        res: &AppendResult,
+    ) {
+        self.confirmed = match res {
+            Ok(AppendEntriesResponse::Success) => Some(Confirmed {
+                vote,
+                matching: last,
+                sent,
+            }),
+            Ok(AppendEntriesResponse::PartialSuccess(matching)) => Some(Confirmed {
+                vote,
+                matching: *matching,
+                sent,
+            }),
+            _ => None,
+        };
+    }
+
+    /// Starts sending `rpc`, entries cut to [`APPEND_BYTES`], in a task of its own.
+    fn start_append(&self, mut rpc: AppendEntriesRequest<TypeConfig>) -> InFlight {
+        let keep = entries_within_budget(&rpc.entries);
+        rpc.entries.truncate(keep);
+        let (tx, answer) = tokio::sync::oneshot::channel();
+        let link = self.link.clone();
+        let (vote, prev, last) = (
+            rpc.vote,
+            rpc.prev_log_id,
+            rpc.entries.last().map(|e| e.log_id),
+        );
+        let call = tokio::spawn(async move {
+            let _ = tx.send(
+                link.send(RPCTypes::AppendEntries, &rpc, APPEND_PATIENCE)
+                    .await,
+            );
+        });
+        InFlight {
+            vote,
+            prev,
+            last,
+            sent: std::time::Instant::now(),
+            answer,
+            _call: tokio_util::task::AbortOnDropHandle::new(call),
+        }
+    }
+}
+
+impl Link {
+    /// Sends one Raft RPC and maps the transport's failures to openraft's errors.
     async fn send<Req, Resp, E>(
         &self,
         action: RPCTypes,
         req: &Req,
-        option: &RPCOption,
+        timeout: Duration,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
         Req: Serialize,
@@ -300,7 +431,7 @@ impl NetClient {
         };
         let res = self
             .peers
-            .call::<Req, Resp>(self.target, kind, self.partition, req, option.hard_ttl())
+            .call::<Req, Resp>(self.target, kind, self.partition, req, timeout)
             .await;
         match res {
             Ok(Ok(r)) => Ok(r),
@@ -334,16 +465,39 @@ impl RaftNetwork<TypeConfig> for NetClient {
         if self.already_confirmed(&rpc) {
             return Ok(AppendEntriesResponse::Success);
         }
-        let sent = std::time::Instant::now();
-        let res = self.send(RPCTypes::AppendEntries, &rpc, &option).await;
-        self.confirmed = match res {
-            Ok(AppendEntriesResponse::Success) => Some(Confirmed {
-                vote: rpc.vote,
-                matching: rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id),
-                sent,
-            }),
-            _ => None,
+        if rpc.entries.is_empty() {
+            // A heartbeat goes on its own, beside an append under way.
+            let sent = std::time::Instant::now();
+            let res = self
+                .link
+                .send(RPCTypes::AppendEntries, &rpc, option.hard_ttl())
+                .await;
+            self.note_answer(rpc.vote, rpc.prev_log_id, sent, &res);
+            return res;
+        }
+        let wanted = rpc.entries.last().map(|e| e.log_id);
+        let call = match self.in_flight.take() {
+            Some(f) if f.serves(&rpc) => f,
+            _ => self.start_append(rpc),
         };
+        // If openraft stops waiting here, the call stays in flight for its next try.
+        let call = self.in_flight.insert(call);
+        let res = (&mut call.answer).await.unwrap_or_else(|_| {
+            Err(RPCError::Network(NetworkError::new(&PeerError::Transport(
+                self.link.target,
+                "the append's call ended without an answer".into(),
+            ))))
+        });
+        let (vote, sent, last) = (call.vote, call.sent, call.last);
+        self.in_flight = None;
+        // Entries cut to the budget are a partial success: openraft sends the rest next.
+        let res = match res {
+            Ok(AppendEntriesResponse::Success) if last < wanted => {
+                Ok(AppendEntriesResponse::PartialSuccess(last))
+            }
+            other => other,
+        };
+        self.note_answer(vote, last, sent, &res);
         res
     }
 
@@ -356,7 +510,10 @@ impl RaftNetwork<TypeConfig> for NetClient {
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         self.confirmed = None;
-        self.send(RPCTypes::InstallSnapshot, &rpc, &option).await
+        self.in_flight = None;
+        self.link
+            .send(RPCTypes::InstallSnapshot, &rpc, option.hard_ttl())
+            .await
     }
 
     async fn vote(
@@ -364,7 +521,9 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.send(RPCTypes::Vote, &rpc, &option).await
+        self.link
+            .send(RPCTypes::Vote, &rpc, option.hard_ttl())
+            .await
     }
 }
 
@@ -375,12 +534,15 @@ pub(crate) mod tests {
 
     fn client_to(addr: String) -> NetClient {
         NetClient {
-            partition: 0,
-            me: 1,
-            target: 2,
-            peers: Peers::new(HashMap::from([(2, addr)])),
+            link: Link {
+                partition: 0,
+                me: 1,
+                target: 2,
+                peers: Peers::new(HashMap::from([(2, addr)])),
+            },
             confirmed_for: Duration::ZERO,
             confirmed: None,
+            in_flight: None,
         }
     }
 
@@ -443,6 +605,7 @@ pub(crate) mod tests {
         let peer = CountingPeer {
             appends: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
+            delay: Duration::ZERO,
         };
         // The server runs on a runtime of its own, one thread, which a task can hold still.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -506,10 +669,12 @@ pub(crate) mod tests {
         server.join().expect("server thread");
     }
 
-    /// A peer that counts the AppendEntries it is sent and answers each with `answer`.
+    /// A peer that counts the AppendEntries it is sent and answers each with `answer`,
+    /// `delay` after it arrived.
     struct CountingPeer {
         appends: Arc<std::sync::atomic::AtomicUsize>,
         answer: Arc<Mutex<AppendEntriesResponse<NodeId>>>,
+        delay: Duration,
     }
 
     #[tonic::async_trait]
@@ -520,6 +685,7 @@ pub(crate) mod tests {
         ) -> Result<tonic::Response<talon_proto::raft::RaftReply>, tonic::Status> {
             self.appends
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
             let payload = crate::format::encode(&*self.answer.lock().expect("answer"));
             Ok(tonic::Response::new(talon_proto::raft::RaftReply {
                 payload: payload.expect("encode").into(),
@@ -584,14 +750,13 @@ pub(crate) mod tests {
         let (listener, addr) = listener().await;
         let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let answer = Arc::new(Mutex::new(AppendEntriesResponse::Success));
-        let peer = CountingPeer {
-            appends: appends.clone(),
-            answer: answer.clone(),
-        };
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(talon_proto::raft::raft_server::RaftServer::new(peer))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        let server = serve(
+            listener,
+            CountingPeer {
+                appends: appends.clone(),
+                answer: answer.clone(),
+                delay: Duration::ZERO,
+            },
         );
         let sent = || appends.load(std::sync::atomic::Ordering::SeqCst);
         let option = || RPCOption::new(Duration::from_secs(5));
@@ -653,6 +818,133 @@ pub(crate) mod tests {
             "{r:?}"
         );
         assert_eq!(sent(), 7);
+        server.abort();
+    }
+
+    /// Serves `peer` on `listener` until the returned task is aborted.
+    fn serve(
+        listener: tokio::net::TcpListener,
+        peer: CountingPeer,
+    ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
+        let service = talon_proto::raft::raft_server::RaftServer::new(peer)
+            .max_decoding_message_size(MAX_PEER_MESSAGE);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        )
+    }
+
+    /// An entry of `id` that stores a chunk of `bytes`.
+    fn chunk_entry(id: openraft::LogId<NodeId>, bytes: usize) -> openraft::Entry<TypeConfig> {
+        openraft::Entry {
+            log_id: id,
+            payload: openraft::EntryPayload::Normal(crate::types::Command::Atomic(vec![
+                crate::types::Op::PutChunk {
+                    ino: talon_model::Ino(7),
+                    write_id: 1,
+                    index: id.index as u32,
+                    data: vec![7; bytes],
+                    at_ms: 0,
+                },
+            ])),
+        }
+    }
+
+    /// A follower that takes longer than openraft waits (one heartbeat interval) to answer
+    /// an append gets it once: openraft's next tries at the same entries wait for that
+    /// call's answer, and one of them gets it. Before, each try sent the entries anew and
+    /// gave up as the last did, and the follower never caught up.
+    #[tokio::test]
+    async fn an_append_slower_than_openrafts_wait_is_sent_once_and_answered() {
+        let (listener, addr) = listener().await;
+        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = serve(
+            listener,
+            CountingPeer {
+                appends: appends.clone(),
+                answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
+                delay: Duration::from_millis(450),
+            },
+        );
+        let mut c = client_to(addr);
+        let v = Vote::new_committed(1, 1);
+        let rpc = || append(v, None, &[log_id(1, 1), log_id(1, 2)], None);
+        // As openraft's replication does: wait 100 ms, give up, try again.
+        let wait = Duration::from_millis(100);
+        let mut tries = 0;
+        let answer = loop {
+            tries += 1;
+            assert!(tries <= 30, "no try was answered in 3 s");
+            let call = c.append_entries(rpc(), RPCOption::new(wait));
+            if let Ok(answer) = tokio::time::timeout(wait, call).await {
+                break answer;
+            }
+        };
+        assert!(
+            matches!(answer, Ok(AppendEntriesResponse::Success)),
+            "{answer:?}"
+        );
+        assert!(
+            tries >= 4,
+            "answered at try {tries}, before the follower could answer"
+        );
+        assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // Other entries (a new previous entry) are a new call, and the old one, if still
+        // under way, is dropped.
+        let next = append(v, Some(log_id(1, 2)), &[log_id(1, 3)], None);
+        assert!(
+            tokio::time::timeout(wait, c.append_entries(next, RPCOption::new(wait)))
+                .await
+                .is_err()
+        );
+        let other = append(v, Some(log_id(1, 1)), &[log_id(1, 2)], None);
+        let r = c.append_entries(other, RPCOption::new(wait)).await;
+        assert!(matches!(r, Ok(AppendEntriesResponse::Success)), "{r:?}");
+        assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 3);
+        server.abort();
+    }
+
+    /// A follower behind by entries of more than [`APPEND_BYTES`] is sent those within it
+    /// (at least one), and the answer is a partial success up to the last sent.
+    #[tokio::test]
+    async fn entries_past_the_byte_budget_wait_for_the_next_append() {
+        let (listener, addr) = listener().await;
+        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = serve(
+            listener,
+            CountingPeer {
+                appends: appends.clone(),
+                answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
+                delay: Duration::ZERO,
+            },
+        );
+        let mut c = client_to(addr);
+        let v = Vote::new_committed(1, 1);
+        let option = || RPCOption::new(Duration::from_secs(5));
+        let big = APPEND_BYTES / 2 + 1;
+        let mut rpc = append(v, None, &[], None);
+        rpc.entries = (1..=3).map(|i| chunk_entry(log_id(1, i), big)).collect();
+        let r = c.append_entries(rpc, option()).await;
+        assert!(
+            matches!(r, Ok(AppendEntriesResponse::PartialSuccess(Some(m))) if m == log_id(1, 1)),
+            "{r:?}"
+        );
+        // One entry over the budget on its own still goes.
+        let mut rpc = append(v, Some(log_id(1, 1)), &[], None);
+        rpc.entries = vec![chunk_entry(log_id(1, 2), APPEND_BYTES * 2)];
+        let r = c.append_entries(rpc, option()).await;
+        assert!(matches!(r, Ok(AppendEntriesResponse::Success)), "{r:?}");
+        // Small entries all go.
+        let r = c
+            .append_entries(
+                append(v, Some(log_id(1, 2)), &[log_id(1, 3), log_id(1, 4)], None),
+                option(),
+            )
+            .await;
+        assert!(matches!(r, Ok(AppendEntriesResponse::Success)), "{r:?}");
+        assert_eq!(appends.load(std::sync::atomic::Ordering::SeqCst), 3);
         server.abort();
     }
 }

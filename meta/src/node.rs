@@ -148,8 +148,8 @@ fn raft_config(c: &Config) -> Result<Arc<openraft::Config>, String> {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
         max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
         install_snapshot_timeout: 10_000,
-        // Entries may carry up to ~8 MiB of file data, and openraft gives an AppendEntries
-        // one heartbeat interval to complete: keep each one small.
+        // Entries may carry up to ~8 MiB of file data: keep each AppendEntries small (the
+        // network also cuts one to a byte budget and lets it outlast openraft's wait).
         max_payload_entries: 4,
         ..Default::default()
     };
