@@ -30,9 +30,9 @@ use crate::reads::{read_stored, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op};
 use crate::view::View;
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 use talon_model::placement::chunk_partition;
 use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
@@ -320,7 +320,20 @@ impl<'a> Files<'a> {
         Ok((bytes, part.store.disk_bytes()))
     }
 
-    /// One garbage-collection round over the chunks of partitions this node leads.
+    /// The unreferenced chunks found so far, by partition (see [`Files::collect_chunks`]).
+    fn chunks_due(&self) -> MutexGuard<'_, HashMap<u32, HashMap<(Ino, u64, u32), Instant>>> {
+        self.node
+            .chunks_due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One garbage-collection round over the chunks of partitions this node leads. A chunk
+    /// goes once its wall-clock stamp is older than `chunk_gc_grace_ms` by this node's clock,
+    /// no layout names it, and this node has found both true for `chunk_gc_grace_ms` more by
+    /// its monotonic clock: the stamp is the writing leader's clock, and a jump of either
+    /// clock must not take a chunk from a write still in progress. Unreferenced chunks
+    /// thus go after about twice the grace.
     // The entry API cannot hold the map across the await that fetches a missing state.
     #[allow(clippy::map_entry)]
     pub async fn collect_chunks(&self) {
@@ -328,6 +341,7 @@ impl<'a> Files<'a> {
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
+                self.chunks_due().remove(p);
                 continue;
             }
             let chunks = match part.store.chunks(GC_SCAN_LIMIT) {
@@ -370,6 +384,12 @@ impl<'a> Files<'a> {
                     garbage.push((ino, write_id, index));
                 }
             }
+            let garbage = crate::clock::confirmed_due(
+                self.chunks_due().entry(*p).or_default(),
+                garbage,
+                Instant::now(),
+                Duration::from_millis(grace),
+            );
             for batch in garbage.chunks(1000) {
                 let n = batch.len();
                 match part
@@ -439,7 +459,7 @@ impl<'a> Files<'a> {
                 crate::clock::confirmed_due(
                     all.entry(*p).or_default(),
                     due,
-                    std::time::Instant::now(),
+                    Instant::now(),
                     Duration::from_millis(REQUEST_RECORD_MS),
                 )
             };

@@ -110,6 +110,9 @@ pub struct Node {
     /// Prepared transactions found on partitions this node leads, by partition, and since
     /// when (see `txn::Txns::recover_stale`).
     pub(crate) txns_due: Mutex<HashMap<u32, HashMap<TxId, Instant>>>,
+    /// Unreferenced chunks found on partitions this node leads, by partition, and since when
+    /// (see `data::Files::collect_chunks`).
+    pub(crate) chunks_due: Mutex<HashMap<u32, HashMap<(Ino, u64, u32), Instant>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -268,6 +271,7 @@ impl Node {
             dir_touches: DirTouches::default(),
             requests_due: Mutex::new(HashMap::new()),
             txns_due: Mutex::new(HashMap::new()),
+            chunks_due: Mutex::new(HashMap::new()),
         });
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);

@@ -454,6 +454,47 @@ async fn chunks_no_layout_names_are_reclaimed() {
     fx.cluster.shutdown().await;
 }
 
+/// A chunk's stamp is the wall clock of the leader that wrote it, which can be far behind
+/// the collecting leader's (or that leader's clock can jump ahead): the chunk then looks
+/// past its grace at once. The chunk of a write still in progress stays for the grace on
+/// the collector's monotonic clock, so the writer can still commit it. Here the chunk is
+/// stamped at the epoch (1970), the collector runs every 7.5 s, and the writer commits after
+/// 16 s, within the 30 s grace: a collector that trusted the stamp alone had dropped it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_stamped_by_a_clock_far_behind_waits_out_the_grace() {
+    use talon_meta::types::{Command, CommandResult, Op};
+    let mut fx = fixture(30_000).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let ino = fx.file("slow").await;
+    let body = bytes(CHUNK as usize, 7);
+    let put = Op::PutChunk {
+        ino,
+        write_id: 1,
+        index: 0,
+        data: body.clone(),
+        at_ms: 0,
+    };
+    let r = node
+        .propose_on(chunk_partition(ino, 0, P), Command::Atomic(vec![put]))
+        .await
+        .expect("put the chunk");
+    assert!(matches!(r, CommandResult::Applied(_)), "{r:?}");
+    // Two of the collector's rounds, at least.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    fx.commit(
+        ino,
+        CHUNK as u64,
+        vec![pb::ChunkRef {
+            write_id: 1,
+            len: CHUNK,
+        }],
+    )
+    .await
+    .expect("commit");
+    assert!(fx.read(ino).await == body, "the committed chunk reads back");
+    fx.cluster.shutdown().await;
+}
+
 /// The Raft log keeps file bodies until a snapshot: once a partition's log holds
 /// `snapshot_after_bytes` since the last one, the node builds a snapshot, long before the
 /// policy by entries would, and purges the log behind it; the bodies read back.
