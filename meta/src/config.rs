@@ -81,8 +81,9 @@ pub struct ClusterConfig {
     pub small_file_max: u32,
     /// Chunk size of larger files.
     pub chunk_size: u32,
-    /// Chunks no committed layout names are reclaimed once older than this (ms): long
-    /// enough for a slow writer to commit.
+    /// Chunks no committed layout names are reclaimed once older than this (ms), and seen
+    /// so by the collecting leader for this long again: long enough for a slow writer to
+    /// commit.
     pub chunk_gc_grace_ms: u64,
     /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
     /// for this long (ms), so a reader that looked the name up just before still opens and

@@ -9,8 +9,9 @@
 //! - A chunk (`K` ‖ ino ‖ write id ‖ index) lives on `chunk_partition(ino, index)`. It is
 //!   invisible until a `CommitLayout` on the home partition names it; chunks that no
 //!   layout names and that are older than `chunk_gc_grace_ms` are dropped by the leader's
-//!   garbage collector (writers that died, overwritten and deleted files). A writer must
-//!   commit within that grace period.
+//!   garbage collector (writers that died, overwritten and deleted files), once the leader
+//!   has also seen them so for that grace on its own monotonic clock, so that no clock's
+//!   jump shortens it. A writer must commit within that grace period.
 //! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
 //!   answers EIO and logs the inode, never returns the bytes.
 //! - Deleted values are reclaimed by compaction, which a background task runs on a
@@ -36,6 +37,10 @@ use std::time::{Duration, Instant};
 use talon_model::placement::chunk_partition;
 use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
+
+/// Unreferenced chunks (inode, write id, index) a leader found, by partition, and since
+/// when (see [`Files::collect_chunks`]).
+pub(crate) type ChunksDue = HashMap<u32, HashMap<(Ino, u64, u32), Instant>>;
 
 /// Chunks examined per partition per garbage-collection round.
 const GC_SCAN_LIMIT: usize = 50_000;
@@ -321,7 +326,7 @@ impl<'a> Files<'a> {
     }
 
     /// The unreferenced chunks found so far, by partition (see [`Files::collect_chunks`]).
-    fn chunks_due(&self) -> MutexGuard<'_, HashMap<u32, HashMap<(Ino, u64, u32), Instant>>> {
+    fn chunks_due(&self) -> MutexGuard<'_, ChunksDue> {
         self.node
             .chunks_due
             .lock()

@@ -112,7 +112,7 @@ pub struct Node {
     pub(crate) txns_due: Mutex<HashMap<u32, HashMap<TxId, Instant>>>,
     /// Unreferenced chunks found on partitions this node leads, by partition, and since when
     /// (see `data::Files::collect_chunks`).
-    pub(crate) chunks_due: Mutex<HashMap<u32, HashMap<(Ino, u64, u32), Instant>>>,
+    pub(crate) chunks_due: Mutex<crate::data::ChunksDue>,
 }
 
 impl std::fmt::Debug for Node {
