@@ -15,6 +15,9 @@ cleanup() {
       fusermount3 -u "$m" 2>/dev/null || umount "$m" 2>/dev/null || umount -l "$m"
     fi
   done
+  # A JuiceFS daemon (`juicefs mount -d`) outlives its unmounted mount point, and once its
+  # Redis below is stopped it keeps retrying it, on a sixth of a core, after the run.
+  pkill -KILL -f -- "juicefs mount -d .* $WORK/" 2>/dev/null
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
     kill "${PIDS[$i]}" 2>/dev/null
   done
