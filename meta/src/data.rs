@@ -31,16 +31,12 @@ use crate::reads::{read_stored, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op};
 use crate::view::View;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 use talon_model::placement::chunk_partition;
 use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
-
-/// Unreferenced chunks (inode, write id, index) a leader found, by partition, and since
-/// when (see [`Files::collect_chunks`]).
-pub(crate) type ChunksDue = HashMap<u32, HashMap<(Ino, u64, u32), Instant>>;
 
 /// Chunks examined per partition per garbage-collection round.
 const GC_SCAN_LIMIT: usize = 50_000;
@@ -326,7 +322,7 @@ impl<'a> Files<'a> {
     }
 
     /// The unreferenced chunks found so far, by partition (see [`Files::collect_chunks`]).
-    fn chunks_due(&self) -> MutexGuard<'_, ChunksDue> {
+    fn chunks_due(&self) -> MutexGuard<'_, crate::node::ChunksDue> {
         self.node
             .chunks_due
             .lock()

@@ -79,6 +79,10 @@ pub enum PeerReply {
     Applied(Option<u64>),
 }
 
+/// Unreferenced chunks (inode, write id, index) a leader found, by partition, and since
+/// when (see `data::Files::collect_chunks`).
+pub(crate) type ChunksDue = HashMap<u32, HashMap<(Ino, u64, u32), Instant>>;
+
 /// A node and everything it hosts.
 pub struct Node {
     /// The validated configuration.
@@ -112,7 +116,7 @@ pub struct Node {
     pub(crate) txns_due: Mutex<HashMap<u32, HashMap<TxId, Instant>>>,
     /// Unreferenced chunks found on partitions this node leads, by partition, and since when
     /// (see `data::Files::collect_chunks`).
-    pub(crate) chunks_due: Mutex<crate::data::ChunksDue>,
+    pub(crate) chunks_due: Mutex<ChunksDue>,
 }
 
 impl std::fmt::Debug for Node {
