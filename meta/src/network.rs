@@ -835,6 +835,28 @@ pub(crate) mod tests {
         )
     }
 
+    /// A client of a peer that answers every append with Success, `delay_ms` after it
+    /// arrived; the count of appends it was sent; its server task.
+    async fn client_of_a_peer_answering_after(
+        delay_ms: u64,
+    ) -> (
+        NetClient,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    ) {
+        let (listener, addr) = listener().await;
+        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = serve(
+            listener,
+            CountingPeer {
+                appends: appends.clone(),
+                answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
+                delay: Duration::from_millis(delay_ms),
+            },
+        );
+        (client_to(addr), appends, server)
+    }
+
     /// An entry of `id` that stores a chunk of `bytes`.
     fn chunk_entry(id: openraft::LogId<NodeId>, bytes: usize) -> openraft::Entry<TypeConfig> {
         openraft::Entry {
@@ -857,17 +879,7 @@ pub(crate) mod tests {
     /// gave up as the last did, and the follower never caught up.
     #[tokio::test]
     async fn an_append_slower_than_openrafts_wait_is_sent_once_and_answered() {
-        let (listener, addr) = listener().await;
-        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let server = serve(
-            listener,
-            CountingPeer {
-                appends: appends.clone(),
-                answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
-                delay: Duration::from_millis(450),
-            },
-        );
-        let mut c = client_to(addr);
+        let (mut c, appends, server) = client_of_a_peer_answering_after(450).await;
         let v = Vote::new_committed(1, 1);
         let rpc = || append(v, None, &[log_id(1, 1), log_id(1, 2)], None);
         // As openraft's replication does: wait 100 ms, give up, try again.
@@ -910,17 +922,7 @@ pub(crate) mod tests {
     /// (at least one), and the answer is a partial success up to the last sent.
     #[tokio::test]
     async fn entries_past_the_byte_budget_wait_for_the_next_append() {
-        let (listener, addr) = listener().await;
-        let appends = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let server = serve(
-            listener,
-            CountingPeer {
-                appends: appends.clone(),
-                answer: Arc::new(Mutex::new(AppendEntriesResponse::Success)),
-                delay: Duration::ZERO,
-            },
-        );
-        let mut c = client_to(addr);
+        let (mut c, appends, server) = client_of_a_peer_answering_after(0).await;
         let v = Vote::new_committed(1, 1);
         let option = || RPCOption::new(Duration::from_secs(5));
         let big = APPEND_BYTES / 2 + 1;
