@@ -297,10 +297,10 @@ impl InFlight {
 /// as long as a snapshot chunk's install.
 const APPEND_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Bytes of entries (file data mostly) one AppendEntries carries at most, beyond its first
-/// entry: one proposal's worth (`crate::partition`). A follower that fell behind is sent
-/// the rest in calls of its own, each answered as a partial success, so that its progress
-/// is counted as it goes rather than only once all of it arrived.
+/// Bytes of entries (file data mostly) one AppendEntries carries at most, or its first entry
+/// alone if that is larger: one proposal's worth (`crate::partition`). A follower that fell
+/// behind is sent the rest in calls of its own, each answered as a partial success, so that
+/// its progress is counted as it goes rather than only once all of it arrived.
 const APPEND_BYTES: usize = 4 << 20;
 
 /// How many of `entries`, from the first, one AppendEntries carries: those within
