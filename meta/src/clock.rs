@@ -2,9 +2,10 @@
 //!
 //! Owns: every read of the wall clock in this crate ([`now`]): the times stamped on files
 //! and directories, and the proposal times that pace the background jobs (forgetting
-//! request records, reclaiming unlinked files); and [`confirmed_due`], which holds those
-//! jobs, and the recovery of stale transactions, to the monotonic clock where a jump of
-//! the wall clock would act too early or too late. Must not: pace anything that a jump of
+//! request records, reclaiming unlinked files); and [`confirmed_due`] (kept per partition
+//! by a [`DueSince`]), which holds those jobs, the recovery of stale transactions and the
+//! collection of chunks to the monotonic clock where a jump of the wall clock would act
+//! too early or too late. Must not: pace anything that a jump of
 //! the wall clock could make unsafe; timers, Raft's and the client's, run on the monotonic
 //! clock.
 //!
@@ -15,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use talon_model::Time;
 
@@ -80,6 +82,44 @@ pub fn confirmed_due<K: Copy + Eq + Hash>(
     }
     *seen = next;
     out
+}
+
+/// What one background job of a node has found due on the partitions it leads, by
+/// partition, and since when by the monotonic clock (see [`confirmed_due`]).
+#[derive(Debug)]
+pub struct DueSince<K> {
+    seen: Mutex<HashMap<u32, HashMap<K, Instant>>>,
+}
+
+impl<K> Default for DueSince<K> {
+    fn default() -> Self {
+        DueSince {
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Copy + Eq + Hash> DueSince<K> {
+    /// Of the items `due` on `partition` now, those found due there for at least `hold`
+    /// (see [`confirmed_due`]).
+    pub fn confirmed(&self, partition: u32, due: Vec<K>, hold: Duration) -> Vec<K> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        confirmed_due(
+            seen.entry(partition).or_default(),
+            due,
+            Instant::now(),
+            hold,
+        )
+    }
+
+    /// Forgets what was found on `partition`: this node no longer leads it, and counts
+    /// afresh if it leads it again.
+    pub fn forget(&self, partition: u32) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&partition);
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +204,19 @@ mod tests {
             vec![1, 2]
         );
         assert_eq!(confirmed_due(&mut seen, vec![4], t1 + hold, hold), vec![4]);
+    }
+
+    /// A partition forgotten (its leadership lost) counts afresh; the others keep their
+    /// count.
+    #[test]
+    fn a_forgotten_partition_counts_afresh() {
+        let due = DueSince::default();
+        let hold = Duration::from_millis(50);
+        assert!(due.confirmed(1, vec![7], hold).is_empty());
+        assert!(due.confirmed(2, vec![7], hold).is_empty());
+        std::thread::sleep(hold);
+        due.forget(1);
+        assert!(due.confirmed(1, vec![7], hold).is_empty());
+        assert_eq!(due.confirmed(2, vec![7], hold), vec![7]);
     }
 }

@@ -32,8 +32,8 @@ use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op};
 use crate::view::View;
 use std::collections::BTreeMap;
-use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use talon_model::placement::chunk_partition;
 use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
@@ -321,14 +321,6 @@ impl<'a> Files<'a> {
         Ok((bytes, part.store.disk_bytes()))
     }
 
-    /// The unreferenced chunks found so far, by partition (see [`Files::collect_chunks`]).
-    fn chunks_due(&self) -> MutexGuard<'_, crate::node::ChunksDue> {
-        self.node
-            .chunks_due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// One garbage-collection round over the chunks of partitions this node leads. A chunk
     /// goes once its wall-clock stamp is older than `chunk_gc_grace_ms` by this node's clock,
     /// no layout names it, and this node has found both true for `chunk_gc_grace_ms` more by
@@ -342,7 +334,7 @@ impl<'a> Files<'a> {
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
-                self.chunks_due().remove(p);
+                self.node.chunks_due.forget(*p);
                 continue;
             }
             let chunks = match part.store.chunks(GC_SCAN_LIMIT) {
@@ -385,12 +377,10 @@ impl<'a> Files<'a> {
                     garbage.push((ino, write_id, index));
                 }
             }
-            let garbage = crate::clock::confirmed_due(
-                self.chunks_due().entry(*p).or_default(),
-                garbage,
-                Instant::now(),
-                Duration::from_millis(grace),
-            );
+            let garbage = self
+                .node
+                .chunks_due
+                .confirmed(*p, garbage, Duration::from_millis(grace));
             for batch in garbage.chunks(1000) {
                 let n = batch.len();
                 match part
@@ -440,6 +430,7 @@ impl<'a> Files<'a> {
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
+                self.node.requests_due.forget(*p);
                 continue;
             }
             let due: Vec<u64> = match part.store.requests(GC_SCAN_LIMIT, |at| {
@@ -451,19 +442,10 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
-            let due = {
-                let mut all = self
-                    .node
+            let due =
+                self.node
                     .requests_due
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                crate::clock::confirmed_due(
-                    all.entry(*p).or_default(),
-                    due,
-                    Instant::now(),
-                    Duration::from_millis(REQUEST_RECORD_MS),
-                )
-            };
+                    .confirmed(*p, due, Duration::from_millis(REQUEST_RECORD_MS));
             propose_in_batches(part, due, Op::ForgetRequests, "forgetting request records").await;
         }
     }

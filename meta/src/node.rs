@@ -14,6 +14,7 @@
 //! and read queues, shuts every Raft group down and closes the log (its flusher
 //! acknowledges everything queued first).
 
+use crate::clock::DueSince;
 use crate::config::{ClusterConfig, Config};
 use crate::dir_touch::{DirTouches, Touch};
 use crate::network::{NetFactory, PeerRpc, Peers};
@@ -79,10 +80,6 @@ pub enum PeerReply {
     Applied(Option<u64>),
 }
 
-/// Unreferenced chunks (inode, write id, index) a leader found, by partition, and since
-/// when (see `data::Files::collect_chunks`).
-pub(crate) type ChunksDue = HashMap<u32, HashMap<(Ino, u64, u32), Instant>>;
-
 /// A node and everything it hosts.
 pub struct Node {
     /// The validated configuration.
@@ -109,14 +106,13 @@ pub struct Node {
     failed: Mutex<std::collections::BTreeSet<u32>>,
     /// Directory attribute updates waiting for the next flush (`dir_touch`).
     dir_touches: DirTouches,
-    /// Request records found due, by partition, and since when (see `clock::confirmed_due`).
-    pub(crate) requests_due: Mutex<HashMap<u32, HashMap<u64, Instant>>>,
-    /// Prepared transactions found on partitions this node leads, by partition, and since
-    /// when (see `txn::Txns::recover_stale`).
-    pub(crate) txns_due: Mutex<HashMap<u32, HashMap<TxId, Instant>>>,
-    /// Unreferenced chunks found on partitions this node leads, by partition, and since when
-    /// (see `data::Files::collect_chunks`).
-    pub(crate) chunks_due: Mutex<ChunksDue>,
+    /// Request records found due (see `data::Files::collect_requests`).
+    pub(crate) requests_due: DueSince<u64>,
+    /// Prepared transactions found (see `txn::Txns::recover_stale`).
+    pub(crate) txns_due: DueSince<TxId>,
+    /// Unreferenced chunks (inode, write id, index) found (see
+    /// `data::Files::collect_chunks`).
+    pub(crate) chunks_due: DueSince<(Ino, u64, u32)>,
 }
 
 impl std::fmt::Debug for Node {
@@ -273,9 +269,9 @@ impl Node {
             leader_hints: Mutex::new(HashMap::new()),
             failed: Mutex::new(Default::default()),
             dir_touches: DirTouches::default(),
-            requests_due: Mutex::new(HashMap::new()),
-            txns_due: Mutex::new(HashMap::new()),
-            chunks_due: Mutex::new(HashMap::new()),
+            requests_due: DueSince::default(),
+            txns_due: DueSince::default(),
+            chunks_due: DueSince::default(),
         });
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);

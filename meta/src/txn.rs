@@ -27,10 +27,10 @@
 
 use crate::node::Node;
 use crate::types::{ApplyError, Command, CommandResult, Op, Outcome, TxId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use talon_model::TalonError;
 use tokio_util::sync::CancellationToken;
 
@@ -192,11 +192,6 @@ impl<'a> Txns<'a> {
         futures::future::join_all(finishes).await;
     }
 
-    /// The prepared transactions found due so far, by partition (see [`Txns::recover_stale`]).
-    fn txns_due(&self) -> MutexGuard<'_, HashMap<u32, HashMap<TxId, Instant>>> {
-        self.node.txns_due.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Resolves prepared intents that this node has found on partitions it leads, round after
     /// round, for the recovery threshold by its monotonic clock. The wall-clock time a prepare
     /// carries is its coordinator's: read against this node's clock it is wrong by their
@@ -208,7 +203,7 @@ impl<'a> Txns<'a> {
         let threshold = Duration::from_millis(self.node.config.raft.txn_recovery_after_ms);
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
-                self.txns_due().remove(p);
+                self.node.txns_due.forget(*p);
                 continue;
             }
             let prepared = match part.store.prepared() {
@@ -218,10 +213,9 @@ impl<'a> Txns<'a> {
                     continue;
                 }
             };
-            let due = crate::clock::confirmed_due(
-                self.txns_due().entry(*p).or_default(),
+            let due = self.node.txns_due.confirmed(
+                *p,
                 prepared.into_iter().map(|(txid, _)| txid).collect(),
-                Instant::now(),
                 threshold,
             );
             for txid in due {
