@@ -8,6 +8,18 @@
 //! acknowledges them all — group commit across partitions. Votes are written with a sync
 //! of their own, since a vote must be durable before it is answered.
 //!
+//! A replica never resumes leading after a restart: the vote it reads back at start-up
+//! is never a committed one, so openraft starts it as a follower (as etcd's Raft does)
+//! rather than as the leader of the term it led, and leading again takes an election in
+//! a new term. openraft 0.9 restores a leader at once, and such a leader's read index is
+//! its stored committed id or its term's first entry, whichever is later: a committed id
+//! behind entries it acknowledged before the stop let it answer a linearizable read
+//! from a state without them (jepsen finding F8). And an entry of its term that its
+//! followers made durable before its own log did could be lost from its log, not theirs,
+//! by a power cut; resumed in the same term, its next entry would take that entry's log
+//! id, which the followers take for the entry they already hold. A new term rules out
+//! both.
+//!
 //! A write that finds the disk full waits for room rather than fails (see
 //! `crate::space::Gate::write_waiting`). The memtable's flushes bypass the page cache
 //! (`O_DIRECT`) where the file system takes that: the blob files they write hold bodies
@@ -575,8 +587,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.put_meta(b'v', vote, true, ErrorSubject::Vote).await
     }
 
+    /// The stored vote, as a vote not known to have won (see the module's header: a
+    /// replica never resumes leading after a restart).
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.get_meta(b'v', ErrorSubject::Vote)
+        let vote: Option<Vote<NodeId>> = self.get_meta(b'v', ErrorSubject::Vote)?;
+        Ok(vote.map(|v| Vote {
+            committed: false,
+            ..v
+        }))
     }
 
     async fn save_committed(
@@ -735,6 +753,24 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), mark.due())
             .await
             .expect("woken when it fell due");
+    }
+
+    /// A vote is read back at start-up as it was saved, except that a leader's (committed)
+    /// vote comes back as one not known to have won, so that openraft starts the replica
+    /// as a follower rather than as the leader of that term (finding F8).
+    #[tokio::test]
+    async fn a_leaders_vote_is_read_back_as_not_yet_won() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut s = store_with_entries(dir.path(), 0, Arc::new(SnapshotMark::default()));
+        assert_eq!(s.read_vote().await.expect("read"), None);
+        let mut vote = Vote::new(7, 2);
+        s.save_vote(&vote).await.expect("save a candidate's vote");
+        assert_eq!(s.read_vote().await.expect("read"), Some(vote));
+        vote.commit();
+        s.save_vote(&vote).await.expect("save a leader's vote");
+        let read = s.read_vote().await.expect("read").expect("a vote");
+        assert!(!read.is_committed());
+        assert_eq!(read.leader_id(), vote.leader_id());
     }
 
     /// A purge waits for the stored snapshot to reach it, and a committed id past the log's

@@ -1,6 +1,7 @@
 //! Crash tolerance with real processes: a stream of creates goes on when the leader of a
 //! partition is SIGKILLed, and when a whole node is; every acknowledged create is there
-//! afterwards; a restarted node catches up, from a snapshot when its log was purged.
+//! afterwards; a restarted node catches up, from a snapshot when its log was purged; a
+//! restarted leader leads again only in a new term.
 
 mod common;
 
@@ -389,4 +390,66 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
         assert!(x.is_some() != y.is_some(), "file {i}: /a {x:?} /b {y:?}");
         assert_eq!(x.or(y), Some(*ino));
     }
+}
+
+/// The leader of `partition` among the nodes that answer, with its term.
+async fn leader_and_term(pc: &ProcCluster, partition: u32) -> Option<(u64, u64)> {
+    for (i, addr) in pc.addrs.iter().enumerate() {
+        if let Some(st) = raw_status(addr).await {
+            if let Some(p) = st.iter().find(|p| p.id == partition && p.role == "LEADER") {
+                return Some((i as u64 + 1, p.term));
+            }
+        }
+    }
+    None
+}
+
+/// Finding F8: a leader killed and started again, before its followers' election timeout
+/// ran out, comes back as a follower and leads again only after an election in a new term.
+/// openraft 0.9 would restore it as the leader of its old term at once, answering
+/// linearizable reads with a read index no later than its stored committed id; that id
+/// can be behind what it acknowledged before the crash (it was, in the working tree that
+/// showed F8), and a read then missed an acknowledged rename.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_leader_leads_again_only_in_a_new_term() {
+    // Elections slow enough that the followers wait out the leader's restart.
+    let raft = talon_meta::config::RaftConfig {
+        election_timeout_min_ms: 8_000,
+        election_timeout_max_ms: 9_000,
+        ..test_raft(10_000, 1_000)
+    };
+    let mut pc = ProcCluster::start(3, 1, raft);
+    let (leader, term) = eventually(Duration::from_secs(60), "a leader of partition 0", || {
+        leader_and_term(&pc, 0)
+    })
+    .await;
+    let c = common::client(&pc.addrs).await;
+    c.mkdir("/d", Default::default())
+        .await
+        .expect("mkdir before the restart");
+
+    pc.kill(leader);
+    pc.restart(leader);
+    let addr = pc.addrs[(leader - 1) as usize].clone();
+    eventually(
+        Duration::from_secs(30),
+        "the restarted node to answer",
+        || raw_status(&addr),
+    )
+    .await;
+    let (now, now_term) = eventually(
+        Duration::from_secs(60),
+        "a leader of partition 0 after the restart",
+        || leader_and_term(&pc, 0),
+    )
+    .await;
+    assert!(
+        now_term > term,
+        "node {now} leads partition 0 in term {now_term}, the term node {leader} led before \
+         its restart: it resumed leading without an election\n{}",
+        pc.log(leader)
+    );
+    c.stat("/d")
+        .await
+        .expect("the directory made before the restart");
 }
