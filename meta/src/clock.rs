@@ -5,9 +5,8 @@
 //! request records, reclaiming unlinked files); and [`confirmed_due`] (kept per partition
 //! by a [`DueSince`]), which holds those jobs, the recovery of stale transactions and the
 //! collection of chunks to the monotonic clock where a jump of the wall clock would act
-//! too early or too late. Must not: pace anything that a jump of
-//! the wall clock could make unsafe; timers, Raft's and the client's, run on the monotonic
-//! clock.
+//! too early or too late. Must not: pace anything that a jump of the wall clock could make
+//! unsafe; timers, Raft's and the client's, run on the monotonic clock.
 //!
 //! With the `failpoints` feature, the `wall-clock` fail point armed as `return(ms)` makes
 //! every read `ms` milliseconds later (earlier when negative) until it is disarmed: the

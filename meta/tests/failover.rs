@@ -56,17 +56,7 @@ fn definite(r: Result<talon_model::Attr, talon_model::TalonError>) -> Option<Opt
 }
 
 async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
-    for (i, addr) in pc.addrs.iter().enumerate() {
-        if let Some(st) = node_status(addr).await {
-            if st
-                .iter()
-                .any(|(p, role, _, _)| *p == partition && role == "LEADER")
-            {
-                return Some(i as u64 + 1);
-            }
-        }
-    }
-    None
+    leader_and_term(pc, partition).await.map(|(node, _)| node)
 }
 
 /// Names acknowledged so far, with when.
