@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{eventually, test_raft, ProcCluster};
+use common::{eventually, leader_and_term, partition_statuses, test_raft, ProcCluster};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,28 +17,12 @@ use tokio::sync::Mutex;
 
 /// Status of every partition on the node at `addr`: (partition, role, applied, entries).
 async fn node_status(addr: &str) -> Option<Vec<(u32, String, u64, u64)>> {
-    let mut c = NamespaceClient::connect(format!("http://{addr}"))
-        .await
-        .ok()?;
-    let s = c.status(StatusRequest {}).await.ok()?.into_inner();
     Some(
-        s.partitions
+        partition_statuses(addr)
+            .await?
             .into_iter()
             .map(|p| (p.id, p.role, p.applied_index, p.entries))
             .collect(),
-    )
-}
-
-async fn raw_status(addr: &str) -> Option<Vec<talon_proto::v1::PartitionStatus>> {
-    let mut c = NamespaceClient::connect(format!("http://{addr}"))
-        .await
-        .ok()?;
-    Some(
-        c.status(StatusRequest {})
-            .await
-            .ok()?
-            .into_inner()
-            .partitions,
     )
 }
 
@@ -56,7 +40,9 @@ fn definite(r: Result<talon_model::Attr, talon_model::TalonError>) -> Option<Opt
 }
 
 async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
-    leader_and_term(pc, partition).await.map(|(node, _)| node)
+    leader_and_term(&pc.addrs, partition)
+        .await
+        .map(|(node, _)| node)
 }
 
 /// Names acknowledged so far, with when.
@@ -208,7 +194,9 @@ async fn killed_node_catches_up_from_a_snapshot() {
         || async { (s.count().await >= 100).then_some(()) },
     )
     .await;
-    let held_at_kill = raw_status(&pc.addrs[1]).await.expect("status of node 2");
+    let held_at_kill = partition_statuses(&pc.addrs[1])
+        .await
+        .expect("status of node 2");
     pc.kill(2);
     let at_kill = s.count().await;
     // Creates go on without node 2: enough entries on every partition to build snapshots
@@ -226,7 +214,7 @@ async fn killed_node_catches_up_from_a_snapshot() {
                 if i == 1 {
                     continue;
                 }
-                for p in raw_status(addr).await.unwrap_or_default() {
+                for p in partition_statuses(addr).await.unwrap_or_default() {
                     let held = held_at_kill
                         .iter()
                         .find(|q| q.id == p.id)
@@ -382,18 +370,6 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
     }
 }
 
-/// The leader of `partition` among the nodes that answer, with its term.
-async fn leader_and_term(pc: &ProcCluster, partition: u32) -> Option<(u64, u64)> {
-    for (i, addr) in pc.addrs.iter().enumerate() {
-        if let Some(st) = raw_status(addr).await {
-            if let Some(p) = st.iter().find(|p| p.id == partition && p.role == "LEADER") {
-                return Some((i as u64 + 1, p.term));
-            }
-        }
-    }
-    None
-}
-
 /// Finding F8: a leader killed and started again, before its followers' election timeout
 /// ran out, comes back as a follower and leads again only after an election in a new term.
 /// openraft 0.9 would restore it as the leader of its old term at once, answering
@@ -410,7 +386,7 @@ async fn a_restarted_leader_leads_again_only_in_a_new_term() {
     };
     let mut pc = ProcCluster::start(3, 1, raft);
     let (leader, term) = eventually(Duration::from_secs(60), "a leader of partition 0", || {
-        leader_and_term(&pc, 0)
+        leader_and_term(&pc.addrs, 0)
     })
     .await;
     let c = common::client(&pc.addrs).await;
@@ -424,13 +400,13 @@ async fn a_restarted_leader_leads_again_only_in_a_new_term() {
     eventually(
         Duration::from_secs(30),
         "the restarted node to answer",
-        || raw_status(&addr),
+        || partition_statuses(&addr),
     )
     .await;
     let (now, now_term) = eventually(
         Duration::from_secs(60),
         "a leader of partition 0 after the restart",
-        || leader_and_term(&pc, 0),
+        || leader_and_term(&pc.addrs, 0),
     )
     .await;
     assert!(

@@ -22,8 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use talon_client::fuse::{Mount, MountOptions};
 use talon_client::{Client, ClientOptions};
-use talon_proto::v1::namespace_client::NamespaceClient;
-use talon_proto::v1::StatusRequest;
 
 /// Partitions of the cluster; partition 0 holds the root directory.
 const PARTITIONS: u32 = 8;
@@ -55,22 +53,9 @@ fn small_file(i: u64) -> Vec<u8> {
 
 /// The id of the node leading `partition`, per the nodes' status RPC.
 async fn leader_of(addrs: &[String], partition: u32) -> Option<u64> {
-    for (i, addr) in addrs.iter().enumerate() {
-        let Ok(mut c) = NamespaceClient::connect(format!("http://{addr}")).await else {
-            continue;
-        };
-        let Ok(s) = c.status(StatusRequest {}).await else {
-            continue;
-        };
-        let s = s.into_inner();
-        if s.partitions
-            .iter()
-            .any(|p| p.id == partition && p.role == "LEADER")
-        {
-            return Some(i as u64 + 1);
-        }
-    }
-    None
+    common::leader_and_term(addrs, partition)
+        .await
+        .map(|(node, _)| node)
 }
 
 /// A kernel mount of the cluster; dropping it unmounts, lazily through `fusermount3` if

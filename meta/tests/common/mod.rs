@@ -276,6 +276,34 @@ impl Drop for ProcCluster {
     }
 }
 
+/// The status of every partition on the node at `addr`, if it answers.
+pub async fn partition_statuses(addr: &str) -> Option<Vec<talon_proto::v1::PartitionStatus>> {
+    let mut c =
+        talon_proto::v1::namespace_client::NamespaceClient::connect(format!("http://{addr}"))
+            .await
+            .ok()?;
+    Some(
+        c.status(talon_proto::v1::StatusRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .partitions,
+    )
+}
+
+/// The node (1-based, in `addrs`' order) leading `partition` among those that answer, with
+/// its term.
+pub async fn leader_and_term(addrs: &[String], partition: u32) -> Option<(u64, u64)> {
+    for (i, addr) in addrs.iter().enumerate() {
+        if let Some(st) = partition_statuses(addr).await {
+            if let Some(p) = st.iter().find(|p| p.id == partition && p.role == "LEADER") {
+                return Some((i as u64 + 1, p.term));
+            }
+        }
+    }
+    None
+}
+
 /// Raft timing for tests: quick elections, small snapshots where asked.
 pub fn test_raft(snapshot_after: u64, keep: u64) -> RaftConfig {
     RaftConfig {
