@@ -120,7 +120,9 @@ pub struct RaftConfig {
     /// partition. A snapshot is a checkpoint (hard links), so building one often costs
     /// little.
     pub snapshot_after_bytes: u64,
-    /// Log entries kept behind a snapshot, for followers that lag a little.
+    /// Log entries kept behind a snapshot, for followers that lag a little; never those
+    /// before the snapshot before it, so that entries of file data (up to a 4 MiB chunk
+    /// each) keep at most about `snapshot_after_bytes` behind a snapshot.
     pub keep_entries_after_snapshot: u64,
     /// A prepared transaction that a partition's leader has seen for this long (ms, by its
     /// monotonic clock) is resolved by asking its coordinator.

@@ -12,6 +12,10 @@
 //! Both queues are tasks owned by the partition and stop when its cancellation token
 //! fires; callers still waiting get `Unavailable`.
 //!
+//! Behind each new snapshot, the log is purged up to the snapshot before it (a task that
+//! watches the group's metrics, `purge_behind`): openraft keeps a number of entries
+//! whatever they weigh, and entries of file data made that a second copy of gigabytes.
+//!
 //! A follower serves relaxed reads on the strength of its own round trip to its leader
 //! ([`Partition::relaxed_ok`], [`Partition::note_leader_answer`]; `node`'s loop asks, and
 //! the leader answers after a ReadIndex): the time that counts is when it asked, on its own
@@ -418,10 +422,12 @@ fn leader_fresh(
             .is_some_and(|ms| ms.saturating_add(reported_ago) < bound.as_millis() as u64)
 }
 
-/// Records in `p.metrics_at` when its Raft core last reported its metrics, until `cancel`
+/// Records in `p.metrics_at` when its Raft core last reported its metrics, and purges the
+/// log behind each new snapshot up to the one before it ([`purge_behind`]), until `cancel`
 /// or until the core stops.
 async fn watch_metrics(p: Arc<Partition>, cancel: CancellationToken) {
     let mut metrics = p.raft.metrics();
+    let mut snapshot = metrics.borrow().snapshot;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -430,9 +436,43 @@ async fn watch_metrics(p: Arc<Partition>, cancel: CancellationToken) {
                     break;
                 }
                 *p.metrics_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                let (now, purged) = {
+                    let m = metrics.borrow_and_update();
+                    (m.snapshot, m.purged)
+                };
+                if now == snapshot {
+                    continue;
+                }
+                if let Some(upto) = purge_behind(snapshot, now, purged) {
+                    if let Err(e) = p.raft.trigger().purge_log(upto).await {
+                        tracing::warn!(partition = p.id, "purge the log behind a snapshot: {e}");
+                    }
+                }
+                snapshot = now;
             }
         }
     }
+}
+
+/// How far to purge the log once a snapshot at `now` follows one at `prev`: up to `prev`,
+/// if the log (purged up to `purged`) still holds entries there.
+///
+/// openraft keeps `keep_entries_after_snapshot` entries behind a snapshot (1,000 by
+/// default) whatever they weigh, for followers that lag a little. Entries carry file data,
+/// up to a 4 MiB chunk each: a partition written with large files kept up to 4 GiB of log
+/// behind its snapshot, a second copy of data its store already holds, though snapshots
+/// come every `snapshot_after_bytes` (64 MiB) of log. Purging up to the previous snapshot
+/// keeps behind each snapshot at most what was logged since the one before (about
+/// `snapshot_after_bytes`, or `snapshot_after_entries` entries); a follower further
+/// behind than that is sent a snapshot, as one behind the entries openraft keeps is.
+fn purge_behind(
+    prev: Option<openraft::LogId<NodeId>>,
+    now: Option<openraft::LogId<NodeId>>,
+    purged: Option<openraft::LogId<NodeId>>,
+) -> Option<u64> {
+    let (prev, now) = (prev?, now?);
+    let held = purged.is_none_or(|p| p.index < prev.index);
+    (prev.index < now.index && held).then_some(prev.index)
 }
 
 fn not_leader(partition: u32, leader: Option<NodeId>, peers: &Peers) -> TalonError {
@@ -625,6 +665,48 @@ mod tests {
     use crate::network::tests::log_id;
     use openraft::{RaftMetrics, ServerState};
     use std::time::Duration;
+
+    #[test]
+    fn the_log_is_purged_up_to_the_snapshot_before() {
+        use super::purge_behind;
+        // A second snapshot: purge up to the first, whatever openraft keeps.
+        assert_eq!(
+            purge_behind(Some(log_id(1, 40)), Some(log_id(1, 90)), None),
+            Some(40)
+        );
+        assert_eq!(
+            purge_behind(
+                Some(log_id(1, 40)),
+                Some(log_id(1, 90)),
+                Some(log_id(1, 12))
+            ),
+            Some(40)
+        );
+        // The first snapshot, or a log already purged that far: nothing more.
+        assert_eq!(purge_behind(None, Some(log_id(1, 90)), None), None);
+        assert_eq!(
+            purge_behind(
+                Some(log_id(1, 40)),
+                Some(log_id(1, 90)),
+                Some(log_id(1, 40))
+            ),
+            None
+        );
+        assert_eq!(
+            purge_behind(
+                Some(log_id(1, 40)),
+                Some(log_id(1, 90)),
+                Some(log_id(1, 80))
+            ),
+            None
+        );
+        // No newer snapshot (none, or one not past the last).
+        assert_eq!(purge_behind(Some(log_id(1, 40)), None, None), None);
+        assert_eq!(
+            purge_behind(Some(log_id(2, 40)), Some(log_id(1, 40)), None),
+            None
+        );
+    }
 
     #[test]
     fn a_leaders_lease_counts_the_time_since_its_core_reported() {

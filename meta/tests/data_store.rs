@@ -495,6 +495,62 @@ async fn a_chunk_stamped_by_a_clock_far_behind_waits_out_the_grace() {
     fx.cluster.shutdown().await;
 }
 
+/// Behind a snapshot the log keeps `keep_entries_after_snapshot` entries, but none from
+/// before the snapshot before it: with 1,000 to keep and a few dozen entries of bodies in
+/// all, each partition's log is still purged once a second snapshot by size is built
+/// (openraft's rule alone purged nothing here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_behind_a_snapshot_is_purged_up_to_the_one_before() {
+    let cluster = TestCluster::builder()
+        .nodes(1)
+        .partitions(2)
+        .replication(1)
+        .snapshots(1_000_000, 1_000)
+        .snapshot_after_bytes(1 << 20)
+        .start()
+        .await
+        .expect("cluster");
+    let c = common::client(&cluster.addrs()).await;
+    let node = cluster.node(1).expect("node").node.clone();
+    c.mkdir("/d", Default::default()).await.expect("mkdir");
+    let mut firsts = std::collections::HashMap::new();
+    for i in 0..80u64 {
+        c.write_file(format!("/d/f{i:02}"), bytes(100_000, i).as_slice())
+            .await
+            .expect("write");
+        for part in node.partitions.values() {
+            if let Some(s) = part.raft.metrics().borrow().snapshot {
+                firsts.entry(part.id).or_insert(s);
+            }
+        }
+    }
+    assert_eq!(
+        firsts.len(),
+        2,
+        "each partition built a snapshot: {firsts:?}"
+    );
+    eventually(
+        Duration::from_secs(60),
+        "each partition's log purged up to a snapshot before its last",
+        || async {
+            node.partitions
+                .values()
+                .all(|part| {
+                    let m = part.raft.metrics().borrow().clone();
+                    m.purged.is_some_and(|p| p.index >= firsts[&part.id].index)
+                        && m.snapshot.is_some_and(|s| s.index < 1_000)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    for i in 0..80u64 {
+        let got = c.read_file(format!("/d/f{i:02}")).await.expect("read");
+        assert!(got == bytes(100_000, i), "f{i:02} read back");
+    }
+    cluster.shutdown().await;
+}
+
 /// The Raft log keeps file bodies until a snapshot: once a partition's log holds
 /// `snapshot_after_bytes` since the last one, the node builds a snapshot, long before the
 /// policy by entries would, and purges the log behind it; the bodies read back.
