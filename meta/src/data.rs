@@ -453,8 +453,9 @@ impl<'a> Files<'a> {
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
     /// all while the data file system is nearly full, then builds a snapshot of each so
     /// that the files the compaction replaced leave the disk. A compaction rewrites the
-    /// store's files before it deletes the old ones, so it waits for a later round while
-    /// the disk has no room for a copy beside the critical floor: one run on a full disk
+    /// store's files before it deletes the old ones (its live values too, where the files
+    /// hold enough garbage: `SmStore::compact`), so it waits for a later round while the
+    /// disk has no room for a copy beside the critical floor: one run on a full disk
     /// filled it to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
@@ -471,7 +472,18 @@ impl<'a> Files<'a> {
                 }
             };
             let store = part.store.clone();
-            let _ = tokio::task::spawn_blocking(move || store.compact()).await;
+            let before = store.disk_bytes();
+            let moved = tokio::task::spawn_blocking(move || store.compact())
+                .await
+                .unwrap_or(false);
+            tracing::info!(
+                partition = part.id,
+                deletes,
+                before,
+                after = part.store.disk_bytes(),
+                moved,
+                "reclaiming compaction"
+            );
             // The stored snapshot's checkpoint still links the files the compaction
             // replaced, and holds their room until a new snapshot replaces it.
             if part.store.snapshot_mark().get().is_some() {

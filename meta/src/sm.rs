@@ -56,9 +56,15 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
 /// eligible, RocksDB's default) every compaction of keys that point into those files
 /// rewrote their bodies, deleted or not: importing a dataset wrote each body again and
 /// again (bench/README.md). The node's reclaiming compaction turns it on, for every file,
-/// while it runs ([`SmStore::compact`]); it runs after 2,000 deleted bodies or chunks on a
-/// partition, or after any while the disk is nearly full.
+/// while it runs, if the files hold enough garbage ([`SmStore::compact`]); it runs after
+/// 2,000 deleted bodies or chunks on a partition, or after any while the disk is nearly
+/// full.
 const AUTO_BLOB_GC: bool = false;
+
+/// The share of the blob files' bytes that must be garbage (deleted values that a
+/// compaction of the keys found) before the reclaiming compaction moves the live values
+/// ([`SmStore::compact`]): at most an eighth of a store's blob bytes is then dead weight.
+const RECLAIM_GARBAGE_SHARE: f64 = 0.125;
 
 /// The garbage share of an eligible blob file past which RocksDB compacts the keys that
 /// still point into it, while blob garbage collection is on.
@@ -973,12 +979,28 @@ impl SmStore {
         self.deletes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Compacts the whole instance, reclaiming deleted values: blob garbage collection is
-    /// on, for every blob file, during this compaction (RocksDB's own compactions running
-    /// meanwhile too), and off again after it (see `AUTO_BLOB_GC`).
-    pub fn compact(&self) {
+    /// Compacts the whole instance to reclaim deleted values, in two steps. First the keys
+    /// alone, blob garbage collection off: deleted keys go, a blob file none of whose values
+    /// is still referred to leaves the disk, and RocksDB counts the garbage left in the
+    /// others. Then, only if that garbage is at least an eighth of the blob files' bytes
+    /// (`RECLAIM_GARBAGE_SHARE`), once more with collection on for every file (RocksDB's
+    /// own compactions running meanwhile too, and off again after it: see `AUTO_BLOB_GC`),
+    /// which moves the live values out of the files with garbage. Moving copies every live
+    /// value, the partition's whole size: on a nearly full node whose deleted chunks were
+    /// few, that copy most likely took the disk from 85 % to full (`jepsen/README.md`).
+    /// Returns whether the values were moved.
+    pub fn compact(&self) -> bool {
         self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
         let db = self.db();
+        let mut o = rocksdb::CompactOptions::default();
+        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
+        let garbage = prop("rocksdb.live-blob-file-garbage-size");
+        let files = prop("rocksdb.live-blob-file-size");
+        if garbage == 0 || (garbage as f64) < files as f64 * RECLAIM_GARBAGE_SHARE {
+            return false;
+        }
         let gc = |on: bool| {
             let name = "enable_blob_garbage_collection";
             if let Err(e) = crate::tuning::set_option(&db, name, &on.to_string()) {
@@ -986,10 +1008,9 @@ impl SmStore {
             }
         };
         gc(true);
-        let mut o = rocksdb::CompactOptions::default();
-        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
         gc(AUTO_BLOB_GC);
+        true
     }
 
     /// Bytes the instance occupies on disk (SST and blob files).
@@ -1263,8 +1284,8 @@ mod tests {
 
     /// A compaction on RocksDB's own settings moves no blob values, so bodies written once
     /// are not rewritten by every compaction that passes over their keys; the node's
-    /// reclaiming compaction moves every live value and gives a deleted body's room back,
-    /// and leaves the setting as it found it.
+    /// reclaiming compaction gives a deleted body's room back, moving every live value when
+    /// the files hold enough garbage, and leaves the setting as it found it.
     #[test]
     fn only_the_reclaiming_compaction_rewrites_blob_files() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -1286,15 +1307,35 @@ mod tests {
         let after = blob_files(dir.path());
         assert_eq!(after, written);
 
+        // Half the values deleted, each its file's only one: those files go, and the
+        // others hold no garbage, so nothing is moved.
         for i in 0..4u32 {
             db.delete(format!("B{i}")).expect("delete");
         }
         let before = store.disk_bytes();
-        store.compact();
-        let reclaimed = blob_files(dir.path());
-        assert!(reclaimed.is_disjoint(&after), "{after:?} -> {reclaimed:?}");
+        assert!(!store.compact(), "nothing to move");
+        let kept = blob_files(dir.path());
+        assert_eq!(kept.len(), 4, "{after:?} -> {kept:?}");
+        assert!(kept.is_subset(&after), "{after:?} -> {kept:?}");
         assert!(store.disk_bytes() < before, "no room given back");
-        for i in 4..8u32 {
+
+        // Three of the four left, in one value of each file, and one more file of eight
+        // values of which six are deleted: the garbage is over an eighth, so every live value
+        // moves, out of every file.
+        for i in 10..18u32 {
+            db.put(format!("B{i}"), vec![i as u8; 8192]).expect("write");
+        }
+        db.flush().expect("flush");
+        for i in (4..7u32).chain(10..16) {
+            db.delete(format!("B{i}")).expect("delete");
+        }
+        let full = blob_files(dir.path());
+        let before = store.disk_bytes();
+        assert!(store.compact(), "garbage past the share");
+        let reclaimed = blob_files(dir.path());
+        assert!(reclaimed.is_disjoint(&full), "{full:?} -> {reclaimed:?}");
+        assert!(store.disk_bytes() < before, "no room given back");
+        for i in (7..8u32).chain(16..18) {
             assert_eq!(
                 db.get(format!("B{i}")).expect("read"),
                 Some(vec![i as u8; 8192])
@@ -1303,6 +1344,36 @@ mod tests {
         // The setting is RocksDB's own again: a compaction leaves the one file in place.
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
         assert_eq!(blob_files(dir.path()), reclaimed);
+    }
+
+    /// A store whose blob files hold little garbage is compacted without moving its values:
+    /// one deleted value of sixteen in one file leaves the file as it is.
+    #[test]
+    fn little_garbage_moves_no_values() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SmStore::open(dir.path(), 1, b"").expect("open");
+        let db = store.db();
+        for i in 0..16u32 {
+            db.put(format!("B{i:02}"), vec![i as u8; 8192])
+                .expect("write");
+        }
+        db.flush().expect("flush");
+        let written = blob_files(dir.path());
+        db.delete("B00").expect("delete");
+        assert!(!store.compact(), "a sixteenth is not worth the copy");
+        assert_eq!(blob_files(dir.path()), written);
+        // Half of them deleted: now it is.
+        for i in 1..8u32 {
+            db.delete(format!("B{i:02}")).expect("delete");
+        }
+        assert!(store.compact(), "half is");
+        assert!(blob_files(dir.path()).is_disjoint(&written));
+        for i in 8..16u32 {
+            assert_eq!(
+                db.get(format!("B{i:02}")).expect("read"),
+                Some(vec![i as u8; 8192])
+            );
+        }
     }
 
     /// A store opened while the node's compactions are paused (its disk is full) leaves its
