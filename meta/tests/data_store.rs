@@ -495,27 +495,54 @@ async fn a_chunk_stamped_by_a_clock_far_behind_waits_out_the_grace() {
     fx.cluster.shutdown().await;
 }
 
-/// Behind a snapshot the log keeps `keep_entries_after_snapshot` entries, but none from
-/// before the snapshot before it: with 1,000 to keep and a few dozen entries of bodies in
-/// all, each partition's log is still purged once a second snapshot by size is built
-/// (openraft's rule alone purged nothing here).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_log_behind_a_snapshot_is_purged_up_to_the_one_before() {
+/// One node of two partitions, without replicas, that builds a snapshot once a partition's
+/// log holds 1 MiB since the last one (and after a million entries), keeping `keep` entries
+/// behind it; with a client and the node's handle.
+async fn snapshotting_node(
+    keep: u64,
+) -> (
+    TestCluster,
+    talon_client::Client,
+    std::sync::Arc<talon_meta::node::Node>,
+) {
     let cluster = TestCluster::builder()
         .nodes(1)
         .partitions(2)
         .replication(1)
-        .snapshots(1_000_000, 1_000)
+        .snapshots(1_000_000, keep)
         .snapshot_after_bytes(1 << 20)
         .start()
         .await
         .expect("cluster");
     let c = common::client(&cluster.addrs()).await;
     let node = cluster.node(1).expect("node").node.clone();
+    (cluster, c, node)
+}
+
+/// The body of `/d/f{i}` in the snapshotting tests: 100 KB of its own.
+fn body_of(i: u64) -> Vec<u8> {
+    bytes(100_000, i)
+}
+
+/// Reads back `/d/f00` .. `/d/f{n-1}`, each as [`body_of`] made it.
+async fn read_back(c: &talon_client::Client, n: u64) {
+    for i in 0..n {
+        let got = c.read_file(format!("/d/f{i:02}")).await.expect("read");
+        assert!(got == body_of(i), "f{i:02} read back");
+    }
+}
+
+/// Behind a snapshot the log keeps `keep_entries_after_snapshot` entries, but none from
+/// before the snapshot before it: with 1,000 to keep and a few dozen entries of bodies in
+/// all, each partition's log is still purged once a second snapshot by size is built
+/// (openraft's rule alone purged nothing here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_behind_a_snapshot_is_purged_up_to_the_one_before() {
+    let (cluster, c, node) = snapshotting_node(1_000).await;
     c.mkdir("/d", Default::default()).await.expect("mkdir");
     let mut firsts = std::collections::HashMap::new();
     for i in 0..80u64 {
-        c.write_file(format!("/d/f{i:02}"), bytes(100_000, i).as_slice())
+        c.write_file(format!("/d/f{i:02}"), body_of(i).as_slice())
             .await
             .expect("write");
         for part in node.partitions.values() {
@@ -544,10 +571,7 @@ async fn the_log_behind_a_snapshot_is_purged_up_to_the_one_before() {
         },
     )
     .await;
-    for i in 0..80u64 {
-        let got = c.read_file(format!("/d/f{i:02}")).await.expect("read");
-        assert!(got == bytes(100_000, i), "f{i:02} read back");
-    }
+    read_back(&c, 80).await;
     cluster.shutdown().await;
 }
 
@@ -556,23 +580,13 @@ async fn the_log_behind_a_snapshot_is_purged_up_to_the_one_before() {
 /// policy by entries would, and purges the log behind it; the bodies read back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_of_bodies_is_snapshotted_by_its_size() {
-    let cluster = TestCluster::builder()
-        .nodes(1)
-        .partitions(2)
-        .replication(1)
-        .snapshots(1_000_000, 10)
-        .snapshot_after_bytes(1 << 20)
-        .start()
-        .await
-        .expect("cluster");
-    let c = common::client(&cluster.addrs()).await;
-    let node = cluster.node(1).expect("node").node.clone();
+    let (cluster, c, node) = snapshotting_node(10).await;
     for part in node.partitions.values() {
         assert_eq!(part.store.snapshot_mark().get(), None, "a fresh partition");
     }
     c.mkdir("/d", Default::default()).await.expect("mkdir");
     for i in 0..60u64 {
-        c.write_file(format!("/d/f{i:02}"), bytes(100_000, i).as_slice())
+        c.write_file(format!("/d/f{i:02}"), body_of(i).as_slice())
             .await
             .expect("write");
     }
@@ -590,9 +604,6 @@ async fn a_log_of_bodies_is_snapshotted_by_its_size() {
         },
     )
     .await;
-    for i in 0..60u64 {
-        let got = c.read_file(format!("/d/f{i:02}")).await.expect("read");
-        assert!(got == bytes(100_000, i), "f{i:02} read back");
-    }
+    read_back(&c, 60).await;
     cluster.shutdown().await;
 }
