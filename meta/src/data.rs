@@ -464,7 +464,8 @@ impl<'a> Files<'a> {
             if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
                 continue;
             }
-            let _claim = match self.node.space.claim(part.store.disk_bytes()) {
+            let before = part.store.disk_bytes();
+            let _claim = match self.node.space.claim(before) {
                 Ok(c) => c,
                 Err(why) => {
                     tracing::warn!(partition = part.id, "compaction deferred: {why}");
@@ -472,7 +473,6 @@ impl<'a> Files<'a> {
                 }
             };
             let store = part.store.clone();
-            let before = store.disk_bytes();
             let moved = tokio::task::spawn_blocking(move || store.compact())
                 .await
                 .unwrap_or(false);

@@ -494,6 +494,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// RocksDB's integer property `name` of `db`, or 0 where it has none.
+fn int_property(db: &DB, name: &str) -> u64 {
+    db.property_int_value(name).ok().flatten().unwrap_or(0)
+}
+
 /// Builds a snapshot: a RocksDB checkpoint of the live instance, kept as the replica's
 /// stored snapshot and sent as a pack read from its files (`crate::archive::Layout`). A
 /// checkpoint flushes the memtable and hard-links the table and blob files, which are never
@@ -511,11 +516,7 @@ fn build_snapshot(store: &SmStore) -> Result<Snapshot<TypeConfig>, StorageError>
     let db = store.db();
     // The checkpoint writes the memtable out: on a disk without room for it beside the
     // critical floor (see `crate::space`), the stored snapshot is kept.
-    let memtables = db
-        .property_int_value("rocksdb.cur-size-all-mem-tables")
-        .ok()
-        .flatten()
-        .unwrap_or(0);
+    let memtables = int_property(&db, "rocksdb.cur-size-all-mem-tables");
     let _claim = match store.space.get() {
         None => None,
         Some(gate) => match gate.space.claim(memtables) {
@@ -995,9 +996,8 @@ impl SmStore {
         let mut o = rocksdb::CompactOptions::default();
         o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
-        let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
-        let garbage = prop("rocksdb.live-blob-file-garbage-size");
-        let files = prop("rocksdb.live-blob-file-size");
+        let garbage = int_property(&db, "rocksdb.live-blob-file-garbage-size");
+        let files = int_property(&db, "rocksdb.live-blob-file-size");
         if garbage == 0 || (garbage as f64) < files as f64 * RECLAIM_GARBAGE_SHARE {
             return false;
         }
@@ -1016,8 +1016,8 @@ impl SmStore {
     /// Bytes the instance occupies on disk (SST and blob files).
     pub fn disk_bytes(&self) -> u64 {
         let db = self.db();
-        let prop = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
-        prop("rocksdb.total-sst-files-size") + prop("rocksdb.total-blob-file-size")
+        int_property(&db, "rocksdb.total-sst-files-size")
+            + int_property(&db, "rocksdb.total-blob-file-size")
     }
 
     /// Prepared transactions held here: (txid, record).
