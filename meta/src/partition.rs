@@ -669,43 +669,27 @@ mod tests {
     #[test]
     fn the_log_is_purged_up_to_the_snapshot_before() {
         use super::purge_behind;
-        // A second snapshot: purge up to the first, whatever openraft keeps.
-        assert_eq!(
-            purge_behind(Some(log_id(1, 40)), Some(log_id(1, 90)), None),
-            Some(40)
-        );
-        assert_eq!(
-            purge_behind(
-                Some(log_id(1, 40)),
-                Some(log_id(1, 90)),
-                Some(log_id(1, 12))
-            ),
-            Some(40)
-        );
-        // The first snapshot, or a log already purged that far: nothing more.
-        assert_eq!(purge_behind(None, Some(log_id(1, 90)), None), None);
-        assert_eq!(
-            purge_behind(
-                Some(log_id(1, 40)),
-                Some(log_id(1, 90)),
-                Some(log_id(1, 40))
-            ),
-            None
-        );
-        assert_eq!(
-            purge_behind(
-                Some(log_id(1, 40)),
-                Some(log_id(1, 90)),
-                Some(log_id(1, 80))
-            ),
-            None
-        );
-        // No newer snapshot (none, or one not past the last).
-        assert_eq!(purge_behind(Some(log_id(1, 40)), None, None), None);
-        assert_eq!(
-            purge_behind(Some(log_id(2, 40)), Some(log_id(1, 40)), None),
-            None
-        );
+        let at = |index| Some(log_id(1, index));
+        // (previous snapshot, new snapshot, purged, how far to purge)
+        let cases = [
+            // A second snapshot: purge up to the first, whatever openraft keeps.
+            (at(40), at(90), None, Some(40)),
+            (at(40), at(90), at(12), Some(40)),
+            // The first snapshot, or a log already purged that far: nothing more.
+            (None, at(90), None, None),
+            (at(40), at(90), at(40), None),
+            (at(40), at(90), at(80), None),
+            // No newer snapshot (none, or one not past the last).
+            (at(40), None, None, None),
+            (Some(log_id(2, 40)), at(40), None, None),
+        ];
+        for (prev, now, purged, want) in cases {
+            assert_eq!(
+                purge_behind(prev, now, purged),
+                want,
+                "{prev:?} {now:?} {purged:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{eventually, leader_and_term, partition_statuses, test_raft, ProcCluster};
+use common::{eventually, leader_and_term, leader_of, partition_statuses, test_raft, ProcCluster};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,12 +37,6 @@ fn definite(r: Result<talon_model::Attr, talon_model::TalonError>) -> Option<Opt
             None
         }
     }
-}
-
-async fn leader_node(pc: &ProcCluster, partition: u32) -> Option<u64> {
-    leader_and_term(&pc.addrs, partition)
-        .await
-        .map(|(node, _)| node)
 }
 
 /// Names acknowledged so far, with when.
@@ -125,7 +119,7 @@ async fn wait_ready(pc: &ProcCluster) -> Client {
         eventually(
             Duration::from_secs(30),
             "a leader for every partition",
-            || leader_node(pc, p),
+            || leader_of(&pc.addrs, p),
         )
         .await;
     }
@@ -149,7 +143,7 @@ async fn creates_survive_killing_a_partition_leader() {
     )
     .await;
     let victim = eventually(Duration::from_secs(60), "a leader of partition 0", || {
-        leader_node(&pc, 0)
+        leader_of(&pc.addrs, 0)
     })
     .await;
     pc.kill(victim);
@@ -334,7 +328,7 @@ async fn renames_stay_atomic_when_a_node_crashes_mid_transaction() {
     )
     .await;
     let victim = eventually(Duration::from_secs(60), "a leader of partition 3", || {
-        leader_node(&pc, 3)
+        leader_of(&pc.addrs, 3)
     })
     .await;
     pc.kill(victim);

@@ -51,13 +51,6 @@ fn small_file(i: u64) -> Vec<u8> {
     format!("file {i:06};").repeat(100).into_bytes()
 }
 
-/// The id of the node leading `partition`, per the nodes' status RPC.
-async fn leader_of(addrs: &[String], partition: u32) -> Option<u64> {
-    common::leader_and_term(addrs, partition)
-        .await
-        .map(|(node, _)| node)
-}
-
 /// A kernel mount of the cluster; dropping it unmounts, lazily through `fusermount3` if
 /// the session could not.
 struct Mounted {
@@ -276,7 +269,7 @@ fn killing_a_node_under_a_mount_is_only_a_pause() {
             eventually(
                 Duration::from_secs(30),
                 "a leader of every partition",
-                || leader_of(&pc.addrs, p),
+                || common::leader_of(&pc.addrs, p),
             )
             .await;
         }
@@ -319,7 +312,7 @@ fn killing_a_node_under_a_mount_is_only_a_pause() {
     let victim = rt.block_on(eventually(
         Duration::from_secs(60),
         "a leader of partition 0",
-        || leader_of(&pc.addrs, 0),
+        || common::leader_of(&pc.addrs, 0),
     ));
     let (written, read) = (
         s.created.load(Ordering::SeqCst),

@@ -304,6 +304,13 @@ pub async fn leader_and_term(addrs: &[String], partition: u32) -> Option<(u64, u
     None
 }
 
+/// The node (1-based, in `addrs`' order) leading `partition` among those that answer.
+pub async fn leader_of(addrs: &[String], partition: u32) -> Option<u64> {
+    leader_and_term(addrs, partition)
+        .await
+        .map(|(node, _)| node)
+}
+
 /// Raft timing for tests: quick elections, small snapshots where asked.
 pub fn test_raft(snapshot_after: u64, keep: u64) -> RaftConfig {
     RaftConfig {
