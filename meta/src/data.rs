@@ -7,11 +7,12 @@
 //!   positioned read, with no per-file object or OS inode. Bodies travel inside the Raft
 //!   entry that writes them, so every replica holds the same bytes.
 //! - A chunk (`K` ‖ ino ‖ write id ‖ index) lives on `chunk_partition(ino, index)`. It is
-//!   invisible until a `CommitLayout` on the home partition names it; chunks that no
-//!   layout names and that are older than `chunk_gc_grace_ms` are dropped by the leader's
-//!   garbage collector (writers that died, overwritten and deleted files), once the leader
-//!   has also seen them so for that grace on its own monotonic clock, so that no clock's
-//!   jump shortens it. A writer must commit within that grace period.
+//!   invisible until a `CommitLayout` on the home partition names it. A file reclaimed
+//!   after its unlinked grace takes its chunks with it; other chunks that no layout names
+//!   and that are older than `chunk_gc_grace_ms` are dropped by the leader's garbage
+//!   collector (writers that died, overwritten generations), once the leader has also
+//!   seen them so for that grace on its own monotonic clock, so that no clock's jump
+//!   shortens it. A writer must commit within that grace period.
 //! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
 //!   answers EIO and logs the inode, never returns the bytes.
 //! - Deleted values are reclaimed by compaction, which a background task runs on a
@@ -45,6 +46,19 @@ const GC_SCAN_LIMIT: usize = 50_000;
 pub const REQUEST_RECORD_MS: u64 = 5 * 60 * 1000;
 /// Deleted bodies or chunks on a partition that trigger a compaction.
 const COMPACT_AFTER_DELETES: u64 = 2_000;
+/// The share of a partition's store that deleted chunks (counted at the chunk size, their
+/// most) trigger a compaction at, however few they are: 2,000 chunks are 8 GiB at the
+/// default size, which a partition reached only on a nearly full disk.
+const COMPACT_AFTER_CHUNK_SHARE: u64 = 8;
+
+/// Whether a partition's deletes since its last reclaiming compaction are worth one:
+/// `COMPACT_AFTER_DELETES` bodies or chunks, chunks of at least `1 / COMPACT_AFTER_CHUNK_SHARE`
+/// of the store's `store_bytes`, or any delete at all on a nearly full disk (`short`).
+fn worth_compacting(deletes: u64, chunk_bytes: u64, store_bytes: u64, short: bool) -> bool {
+    deletes >= COMPACT_AFTER_DELETES
+        || (chunk_bytes > 0 && chunk_bytes >= store_bytes / COMPACT_AFTER_CHUNK_SHARE)
+        || (short && deletes > 0)
+}
 
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
@@ -398,7 +412,8 @@ impl<'a> Files<'a> {
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
     /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
-    /// system is nearly full.
+    /// system is nearly full. A reclaimed file's chunks go with it (see
+    /// `Files::drop_chunks_of_gone`).
     pub async fn collect_unlinked(&self) {
         let grace = self.node.config.cluster.unlinked_grace_ms;
         let short = self.node.space.level() >= crate::space::Level::NearFull;
@@ -418,7 +433,54 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
+            if due.is_empty() {
+                continue;
+            }
+            let chunks = chunks_named(part, &due);
             propose_in_batches(part, due, Op::ReclaimUnlinked, "reclaiming unlinked files").await;
+            self.drop_chunks_of_gone(part, chunks).await;
+        }
+    }
+
+    /// Drops the chunks that the layouts of files just reclaimed on `home` named, on the
+    /// partitions that hold them, rather than leaving them to the chunk collector's grace
+    /// (`chunk_gc_grace_ms`, ten minutes by default, which a replaced checkpoint's chunks
+    /// otherwise waited out on the disk). Only the chunks of inodes now gone from `home`'s
+    /// store go: inode numbers are never reused and a gone inode takes no layout again, so
+    /// nothing can name them; a file the reclaim skipped keeps its chunks. That grace is
+    /// for chunks no layout named yet (a write in progress); what fails here is left to it.
+    async fn drop_chunks_of_gone(&self, home: &Partition, chunks: Vec<(Ino, u64, u32)>) {
+        let partitions = self.node.config.cluster.partitions;
+        let mut by_partition: BTreeMap<u32, Vec<(Ino, u64, u32)>> = BTreeMap::new();
+        let mut gone: BTreeMap<Ino, bool> = BTreeMap::new();
+        for (ino, write_id, index) in chunks {
+            let is_gone = *gone.entry(ino).or_insert_with(|| {
+                home.store
+                    .read(|v| v.inode(ino))
+                    .is_ok_and(|rec| rec.is_none())
+            });
+            if is_gone {
+                by_partition
+                    .entry(chunk_partition(ino, index, partitions))
+                    .or_default()
+                    .push((ino, write_id, index));
+            }
+        }
+        for (p, chunks) in by_partition {
+            for batch in chunks.chunks(1000) {
+                let cmd = Command::Atomic(vec![Op::DropChunks(batch.to_vec())]);
+                match self.node.propose_on(p, cmd).await {
+                    Ok(_) => tracing::debug!(
+                        partition = p,
+                        chunks = batch.len(),
+                        "dropped the chunks of reclaimed files"
+                    ),
+                    Err(e) => tracing::warn!(
+                        partition = p,
+                        "the chunks of reclaimed files left to the chunk collector: {e}"
+                    ),
+                }
+            }
         }
     }
 
@@ -450,8 +512,9 @@ impl<'a> Files<'a> {
         }
     }
 
-    /// Compacts partitions (on this replica) that deleted many bodies or chunks, or any at
-    /// all while the data file system is nearly full, then builds a snapshot of each so
+    /// Compacts partitions (on this replica) that deleted many bodies or chunks, chunks of an
+    /// eighth of their store, or any at all while the data file system is nearly full
+    /// (`worth_compacting`), then builds a snapshot of each so
     /// that the files the compaction replaced leave the disk. A compaction rewrites the
     /// store's files before it deletes the old ones (its live values too, where the files
     /// hold enough garbage: `SmStore::compact`), so it waits for a later round while the
@@ -459,12 +522,17 @@ impl<'a> Files<'a> {
     /// filled it to the last byte and failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
+        let chunk_size = u64::from(self.chunk_size());
         for part in self.node.partitions.values() {
             let deletes = part.store.deletes_since_compaction();
-            if deletes < COMPACT_AFTER_DELETES && !(short && deletes > 0) {
+            if deletes == 0 {
                 continue;
             }
+            let chunk_bytes = part.store.chunks_deleted_since_compaction() * chunk_size;
             let before = part.store.disk_bytes();
+            if !worth_compacting(deletes, chunk_bytes, before, short) {
+                continue;
+            }
             let _claim = match self.node.space.claim(before) {
                 Ok(c) => c,
                 Err(why) => {
@@ -479,6 +547,7 @@ impl<'a> Files<'a> {
             tracing::info!(
                 partition = part.id,
                 deletes,
+                chunk_bytes,
                 before,
                 after = part.store.disk_bytes(),
                 moved,
@@ -511,6 +580,27 @@ async fn propose_in_batches<T: Clone>(
             Err(e) => tracing::warn!(partition = part.id, "{what} deferred: {e}"),
         }
     }
+}
+
+/// The chunks (inode, write id, index) that the layouts of `inos` on their home `part`
+/// name; holes (write id 0) name none. An inode that cannot be read names none here: its
+/// chunks are left to the chunk collector.
+fn chunks_named(part: &Partition, inos: &[Ino]) -> Vec<(Ino, u64, u32)> {
+    let mut out = Vec::new();
+    for &ino in inos {
+        let Ok(Some(rec)) = part.store.read(|v| v.inode(ino)) else {
+            continue;
+        };
+        if let Layout::Chunked { chunks, .. } = rec.layout {
+            out.extend(
+                (0u32..)
+                    .zip(chunks)
+                    .filter(|(_, c)| c.write_id != 0)
+                    .map(|(index, c)| (ino, c.write_id, index)),
+            );
+        }
+    }
+    out
 }
 
 /// What a chunk's inode says about it, for garbage collection.
@@ -566,6 +656,35 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                     break;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deletes_worth_a_compaction() {
+        const MIB: u64 = 1 << 20;
+        // (deletes, of them chunks' bytes, store bytes, nearly full disk, compact?)
+        let cases = [
+            (0, 0, 0, true, false),
+            (1_999, 0, 10_000 * MIB, false, false),
+            (2_000, 0, 10_000 * MIB, false, true),
+            (1, 0, 10_000 * MIB, true, true),
+            // Eight chunks of 4 MiB: an eighth of a store of 256 MiB, less of one of 300.
+            (8, 32 * MIB, 256 * MIB, false, true),
+            (8, 32 * MIB, 300 * MIB, false, false),
+            (8, 32 * MIB, 300 * MIB, true, true),
+            (1, 4 * MIB, 1, false, true),
+        ];
+        for (deletes, chunk_bytes, store, short, want) in cases {
+            assert_eq!(
+                worth_compacting(deletes, chunk_bytes, store, short),
+                want,
+                "{deletes} deletes, {chunk_bytes} chunk bytes, store {store}, short {short}"
+            );
         }
     }
 }

@@ -57,8 +57,8 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
 /// rewrote their bodies, deleted or not: importing a dataset wrote each body again and
 /// again (bench/README.md). The node's reclaiming compaction turns it on, for every file,
 /// while it runs, if the files hold enough garbage ([`SmStore::compact`]); it runs after
-/// 2,000 deleted bodies or chunks on a partition, or after any while the disk is nearly
-/// full.
+/// 2,000 deleted bodies or chunks on a partition, or chunks of an eighth of its store, or
+/// after any while the disk is nearly full.
 const AUTO_BLOB_GC: bool = false;
 
 /// The share of the blob files' bytes that must be garbage (deleted values that a
@@ -109,6 +109,8 @@ pub struct SmStore {
     swap: Mutex<()>,
     /// Bodies and chunks deleted since the last compaction of this replica.
     deletes: std::sync::atomic::AtomicU64,
+    /// Of those, chunks.
+    deleted_chunks: std::sync::atomic::AtomicU64,
     /// Memtable sizes, for every instance this store opens.
     tuning: crate::tuning::Tuning,
     /// Fault injection: while set, applying fails with an I/O error (see
@@ -298,6 +300,7 @@ impl SmStore {
             db: RwLock::new(Arc::new(db)),
             swap: Mutex::new(()),
             deletes: std::sync::atomic::AtomicU64::new(0),
+            deleted_chunks: std::sync::atomic::AtomicU64::new(0),
             tuning,
             fail_writes: std::sync::atomic::AtomicBool::new(false),
             space: std::sync::OnceLock::new(),
@@ -678,15 +681,15 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             results.push(res);
         }
         let Some(last) = last else { return Ok(results) };
-        let deleted_data = overlay
-            .iter()
-            .filter(|(k, v)| {
-                v.is_none() && matches!(k.first(), Some(&keys::tag::BODY) | Some(&keys::tag::CHUNK))
-            })
-            .count() as u64;
-        self.store
-            .deletes
-            .fetch_add(deleted_data, std::sync::atomic::Ordering::Relaxed);
+        let (mut bodies, mut chunks) = (0, 0);
+        for (k, v) in overlay.iter() {
+            match (k.first(), v) {
+                (Some(&keys::tag::BODY), None) => bodies += 1,
+                (Some(&keys::tag::CHUNK), None) => chunks += 1,
+                _ => {}
+            }
+        }
+        self.store.note_deletes(bodies, chunks);
         let (applied, membership) = (enc(&last), membership.map(|m| enc(&m)));
         if self
             .store
@@ -980,6 +983,18 @@ impl SmStore {
         self.deletes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Chunks deleted since this replica last compacted.
+    pub fn chunks_deleted_since_compaction(&self) -> u64 {
+        self.deleted_chunks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn note_deletes(&self, bodies: u64, chunks: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.deletes.fetch_add(bodies + chunks, Relaxed);
+        self.deleted_chunks.fetch_add(chunks, Relaxed);
+    }
+
     /// Compacts the whole instance to reclaim deleted values, in two steps. First the keys
     /// alone, blob garbage collection off: deleted keys go, a blob file none of whose values
     /// is still referred to leaves the disk, and RocksDB counts the garbage left in the
@@ -992,6 +1007,8 @@ impl SmStore {
     /// Returns whether the values were moved.
     pub fn compact(&self) -> bool {
         self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.deleted_chunks
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         let db = self.db();
         let mut o = rocksdb::CompactOptions::default();
         o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);

@@ -36,13 +36,18 @@ struct Fx {
 }
 
 async fn fixture(grace_ms: u64) -> Fx {
+    fixture_with(grace_ms, grace_ms).await
+}
+
+/// A fixture whose chunk collector and unlinked files have graces of their own.
+async fn fixture_with(chunk_grace_ms: u64, unlinked_grace_ms: u64) -> Fx {
     let cluster = TestCluster::builder()
         .nodes(1)
         .partitions(P)
         .replication(1)
         .file_sizes(SMALL, CHUNK)
-        .chunk_gc_grace_ms(grace_ms)
-        .unlinked_grace_ms(grace_ms)
+        .chunk_gc_grace_ms(chunk_grace_ms)
+        .unlinked_grace_ms(unlinked_grace_ms)
         .start()
         .await
         .expect("cluster");
@@ -156,6 +161,27 @@ impl Fx {
             .into_inner()
             .attr
             .expect("attr"))
+    }
+
+    /// Writes `n` whole chunks under write id `w` and commits them as the file's layout;
+    /// returns its contents.
+    async fn write_chunked(&mut self, ino: Ino, w: u64, n: u32) -> Vec<u8> {
+        let mut contents = Vec::new();
+        for i in 0..n {
+            let data = bytes(CHUNK as usize, w * 10 + u64::from(i));
+            self.put_chunk(ino, w, i, data.clone()).await.expect("put");
+            contents.extend(data);
+        }
+        let refs = (0..n)
+            .map(|_| pb::ChunkRef {
+                write_id: w,
+                len: CHUNK,
+            })
+            .collect();
+        self.commit(ino, u64::from(n) * u64::from(CHUNK), refs)
+            .await
+            .expect("commit");
+        contents
     }
 
     /// Reads a whole file the way a client does: body, or chunks with holes and lens.
@@ -394,63 +420,81 @@ async fn chunks_no_layout_names_are_reclaimed() {
     // Long enough that the set-up below is done before anything becomes garbage.
     let mut fx = fixture(3000).await;
     let node = fx.cluster.node(1).expect("node").node.clone();
-    let count = |node: &talon_meta::node::Node| {
-        node.partitions
-            .values()
-            .map(|p| p.store.chunks(1_000_000).expect("scan").len())
-            .sum::<usize>()
-    };
     let ino = fx.file("f").await;
     // Generation 1: 4 chunks, committed. Generation 2: rewrite all, committed.
-    for w in [1u64, 2] {
-        for i in 0..4 {
-            fx.put_chunk(ino, w, i, bytes(CHUNK as usize, w * 10 + i as u64))
-                .await
-                .expect("put");
-        }
-        let refs = (0..4)
-            .map(|_| pb::ChunkRef {
-                write_id: w,
-                len: CHUNK,
-            })
-            .collect();
-        fx.commit(ino, 4 * CHUNK as u64, refs)
-            .await
-            .expect("commit");
-    }
+    fx.write_chunked(ino, 1, 4).await;
+    let want = fx.write_chunked(ino, 2, 4).await;
     // A writer that died before committing.
     fx.put_chunk(ino, 3, 0, bytes(CHUNK as usize, 99))
         .await
         .expect("put orphan");
     // A deleted file's chunks.
     let gone = fx.file("gone").await;
-    fx.put_chunk(gone, 4, 0, bytes(CHUNK as usize, 98))
-        .await
-        .expect("put");
-    fx.commit(
-        gone,
-        CHUNK as u64,
-        vec![pb::ChunkRef {
-            write_id: 4,
-            len: CHUNK,
-        }],
-    )
-    .await
-    .expect("commit");
+    fx.write_chunked(gone, 4, 1).await;
     fx.client.unlink("/gone").await.expect("unlink");
-    assert_eq!(count(&node), 10);
+    assert_eq!(chunk_count(&node), 10);
     eventually(
         Duration::from_secs(120),
         "garbage chunks to be reclaimed",
         || {
-            let n = count(&node);
+            let n = chunk_count(&node);
             async move { (n == 4).then_some(()) }
         },
     )
     .await;
     // The live generation still reads back.
-    let want: Vec<u8> = (0..4).flat_map(|i| bytes(CHUNK as usize, 20 + i)).collect();
     assert_eq!(fx.read(ino).await, want);
+    fx.cluster.shutdown().await;
+}
+
+/// Chunks stored on all of `node`'s partitions.
+fn chunk_count(node: &talon_meta::node::Node) -> usize {
+    node.partitions
+        .values()
+        .map(|p| p.store.chunks(1_000_000).expect("scan").len())
+        .sum()
+}
+
+/// A file reclaimed after its last name went takes its chunks with it, after the unlinked
+/// grace (1 s here) and not the chunk collector's (ten minutes here): a checkpoint replaced
+/// by a rename gives its chunks back at once, and its partitions compact them away. Chunks
+/// only the collector may judge stay: a live file's, and those an overwrite replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_files_chunks_go_with_it() {
+    let mut fx = fixture_with(600_000, 1000).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let old = fx.file("ckpt").await;
+    fx.write_chunked(old, 1, 6).await;
+    let over = fx.file("over").await;
+    fx.write_chunked(over, 2, 2).await;
+    let over_want = fx.write_chunked(over, 3, 2).await;
+    let new = fx.file("ckpt.tmp").await;
+    let new_want = fx.write_chunked(new, 4, 3).await;
+    assert_eq!(chunk_count(&node), 13);
+    fx.client
+        .rename("/ckpt.tmp", "/ckpt")
+        .await
+        .expect("rename");
+    eventually(
+        Duration::from_secs(60),
+        "the replaced checkpoint's chunks dropped and compacted away",
+        || {
+            let n = chunk_count(&node);
+            let compacted = node
+                .partitions
+                .values()
+                .all(|p| p.store.chunks_deleted_since_compaction() == 0);
+            async move { (n == 7 && compacted).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(fx.read(new).await, new_want);
+    assert_eq!(fx.read(over).await, over_want);
+    assert_eq!(
+        chunk_count(&node),
+        7,
+        "the overwritten generation waits for the collector"
+    );
     fx.cluster.shutdown().await;
 }
 
