@@ -52,12 +52,22 @@ const COMPACT_AFTER_DELETES: u64 = 2_000;
 const COMPACT_AFTER_CHUNK_SHARE: u64 = 8;
 
 /// Whether a partition's deletes since its last reclaiming compaction are worth one:
-/// `COMPACT_AFTER_DELETES` bodies or chunks, chunks of at least `1 / COMPACT_AFTER_CHUNK_SHARE`
-/// of the store's `store_bytes`, or any delete at all on a nearly full disk (`short`).
-fn worth_compacting(deletes: u64, chunk_bytes: u64, store_bytes: u64, short: bool) -> bool {
-    deletes >= COMPACT_AFTER_DELETES
-        || (chunk_bytes > 0 && chunk_bytes >= store_bytes / COMPACT_AFTER_CHUNK_SHARE)
-        || (short && deletes > 0)
+/// `COMPACT_AFTER_DELETES` bodies or chunks; chunks of at least `1 / COMPACT_AFTER_CHUNK_SHARE`
+/// of the store's `store_bytes` and at least `chunk_floor` bytes; or any delete at all on a
+/// nearly full disk (`short`). The floor is the log's own snapshot interval
+/// (`snapshot_after_bytes`): every compaction ends in a snapshot, and one after each
+/// replaced checkpoint of a few chunks per partition slowed the checkpoints' writes.
+fn worth_compacting(
+    deletes: u64,
+    chunk_bytes: u64,
+    store_bytes: u64,
+    chunk_floor: u64,
+    short: bool,
+) -> bool {
+    let chunks_due = (store_bytes / COMPACT_AFTER_CHUNK_SHARE)
+        .max(chunk_floor)
+        .max(1);
+    deletes >= COMPACT_AFTER_DELETES || chunk_bytes >= chunks_due || (short && deletes > 0)
 }
 
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
@@ -513,8 +523,8 @@ impl<'a> Files<'a> {
     }
 
     /// Compacts partitions (on this replica) that deleted many bodies or chunks, chunks of an
-    /// eighth of their store, or any at all while the data file system is nearly full
-    /// (`worth_compacting`), then builds a snapshot of each so
+    /// eighth of their store and a snapshot's worth of log, or any at all while the data
+    /// file system is nearly full (`worth_compacting`), then builds a snapshot of each so
     /// that the files the compaction replaced leave the disk. A compaction rewrites the
     /// store's files before it deletes the old ones (its live values too, where the files
     /// hold enough garbage: `SmStore::compact`), so it waits for a later round while the
@@ -523,6 +533,7 @@ impl<'a> Files<'a> {
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
         let chunk_size = u64::from(self.chunk_size());
+        let chunk_floor = self.node.config.raft.snapshot_after_bytes;
         for part in self.node.partitions.values() {
             let deletes = part.store.deletes_since_compaction();
             if deletes == 0 {
@@ -530,7 +541,7 @@ impl<'a> Files<'a> {
             }
             let chunk_bytes = part.store.chunks_deleted_since_compaction() * chunk_size;
             let before = part.store.disk_bytes();
-            if !worth_compacting(deletes, chunk_bytes, before, short) {
+            if !worth_compacting(deletes, chunk_bytes, before, chunk_floor, short) {
                 continue;
             }
             let _claim = match self.node.space.claim(before) {
@@ -667,21 +678,24 @@ mod tests {
     #[test]
     fn deletes_worth_a_compaction() {
         const MIB: u64 = 1 << 20;
+        const FLOOR: u64 = 64 * MIB;
         // (deletes, of them chunks' bytes, store bytes, nearly full disk, compact?)
         let cases = [
             (0, 0, 0, true, false),
             (1_999, 0, 10_000 * MIB, false, false),
             (2_000, 0, 10_000 * MIB, false, true),
             (1, 0, 10_000 * MIB, true, true),
-            // Eight chunks of 4 MiB: an eighth of a store of 256 MiB, less of one of 300.
-            (8, 32 * MIB, 256 * MIB, false, true),
-            (8, 32 * MIB, 300 * MIB, false, false),
-            (8, 32 * MIB, 300 * MIB, true, true),
-            (1, 4 * MIB, 1, false, true),
+            // Sixteen chunks of 4 MiB: an eighth of a store of 512 MiB, less of one of 600.
+            (16, 64 * MIB, 512 * MIB, false, true),
+            (16, 64 * MIB, 600 * MIB, false, false),
+            (16, 64 * MIB, 600 * MIB, true, true),
+            // Below the floor, however small the store.
+            (15, 60 * MIB, 100 * MIB, false, false),
+            (16, 64 * MIB, 100 * MIB, false, true),
         ];
         for (deletes, chunk_bytes, store, short, want) in cases {
             assert_eq!(
-                worth_compacting(deletes, chunk_bytes, store, short),
+                worth_compacting(deletes, chunk_bytes, store, FLOOR, short),
                 want,
                 "{deletes} deletes, {chunk_bytes} chunk bytes, store {store}, short {short}"
             );

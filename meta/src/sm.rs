@@ -57,8 +57,8 @@ fn fatal(verb: ErrorVerb, e: Fatal) -> StorageError {
 /// rewrote their bodies, deleted or not: importing a dataset wrote each body again and
 /// again (bench/README.md). The node's reclaiming compaction turns it on, for every file,
 /// while it runs, if the files hold enough garbage ([`SmStore::compact`]); it runs after
-/// 2,000 deleted bodies or chunks on a partition, or chunks of an eighth of its store, or
-/// after any while the disk is nearly full.
+/// 2,000 deleted bodies or chunks on a partition, or enough deleted chunks (an eighth of its
+/// store and a snapshot's worth of log), or after any while the disk is nearly full.
 const AUTO_BLOB_GC: bool = false;
 
 /// The share of the blob files' bytes that must be garbage (deleted values that a

@@ -36,21 +36,27 @@ struct Fx {
 }
 
 async fn fixture(grace_ms: u64) -> Fx {
-    fixture_with(grace_ms, grace_ms).await
+    fixture_with(grace_ms, grace_ms, None).await
 }
 
-/// A fixture whose chunk collector and unlinked files have graces of their own.
-async fn fixture_with(chunk_grace_ms: u64, unlinked_grace_ms: u64) -> Fx {
-    let cluster = TestCluster::builder()
+/// A fixture whose chunk collector and unlinked files have graces of their own, and whose
+/// partitions snapshot (and compact deleted chunks) after `snapshot_bytes` of log if given.
+async fn fixture_with(
+    chunk_grace_ms: u64,
+    unlinked_grace_ms: u64,
+    snapshot_bytes: Option<u64>,
+) -> Fx {
+    let mut builder = TestCluster::builder()
         .nodes(1)
         .partitions(P)
         .replication(1)
         .file_sizes(SMALL, CHUNK)
         .chunk_gc_grace_ms(chunk_grace_ms)
-        .unlinked_grace_ms(unlinked_grace_ms)
-        .start()
-        .await
-        .expect("cluster");
+        .unlinked_grace_ms(unlinked_grace_ms);
+    if let Some(bytes) = snapshot_bytes {
+        builder = builder.snapshot_after_bytes(bytes);
+    }
+    let cluster = builder.start().await.expect("cluster");
     let addr = cluster.addrs()[0].clone();
     let c = NamespaceClient::connect(format!("http://{addr}"))
         .await
@@ -457,11 +463,12 @@ fn chunk_count(node: &talon_meta::node::Node) -> usize {
 
 /// A file reclaimed after its last name went takes its chunks with it, after the unlinked
 /// grace (1 s here) and not the chunk collector's (ten minutes here): a checkpoint replaced
-/// by a rename gives its chunks back at once, and its partitions compact them away. Chunks
-/// only the collector may judge stay: a live file's, and those an overwrite replaced.
+/// by a rename gives its chunks back at once, and its partitions compact them away (past
+/// the floor of a snapshot's worth of log, one chunk here). Chunks only the collector may
+/// judge stay: a live file's, and those an overwrite replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaimed_files_chunks_go_with_it() {
-    let mut fx = fixture_with(600_000, 1000).await;
+    let mut fx = fixture_with(600_000, 1000, Some(u64::from(CHUNK))).await;
     let node = fx.cluster.node(1).expect("node").node.clone();
     let old = fx.file("ckpt").await;
     fx.write_chunked(old, 1, 6).await;
