@@ -526,10 +526,11 @@ impl<'a> Files<'a> {
     /// eighth of their store and a snapshot's worth of log, or any at all while the data
     /// file system is nearly full (`worth_compacting`), then builds a snapshot of each so
     /// that the files the compaction replaced leave the disk. A compaction rewrites the
-    /// store's files before it deletes the old ones (its live values too, where the files
-    /// hold enough garbage: `SmStore::compact`), so it waits for a later round while the
-    /// disk has no room for a copy beside the critical floor: one run on a full disk
-    /// filled it to the last byte and failed the node's next writes.
+    /// store's files before it deletes the old ones (its keys, then its live values where
+    /// the files hold enough garbage: `SmStore::compact_keys`, `SmStore::move_values`), so
+    /// each step waits for a later round while the disk has no room for what it writes
+    /// beside the critical floor: one run on a full disk filled it to the last byte and
+    /// failed the node's next writes.
     pub async fn compact_if_needed(&self) {
         let short = self.node.space.level() >= crate::space::Level::NearFull;
         let chunk_size = u64::from(self.chunk_size());
@@ -544,7 +545,10 @@ impl<'a> Files<'a> {
             if !worth_compacting(deletes, chunk_bytes, before, chunk_floor, short) {
                 continue;
             }
-            let _claim = match self.node.space.claim(before) {
+            // Each step claims room for what it may write: the keys first, then, if the
+            // garbage is worth it, the live values. Claimed whole before both, a copy of
+            // the store kept a nearly full node from compacting at all (`jepsen/README.md`).
+            let keys_claim = match self.node.space.claim(part.store.key_bytes()) {
                 Ok(c) => c,
                 Err(why) => {
                     tracing::warn!(partition = part.id, "compaction deferred: {why}");
@@ -552,9 +556,24 @@ impl<'a> Files<'a> {
                 }
             };
             let store = part.store.clone();
-            let moved = tokio::task::spawn_blocking(move || store.compact())
+            let live = tokio::task::spawn_blocking(move || store.compact_keys())
                 .await
-                .unwrap_or(false);
+                .unwrap_or(None);
+            drop(keys_claim);
+            let mut moved = false;
+            if let Some(live) = live {
+                match self.node.space.claim(live) {
+                    Ok(_values_claim) => {
+                        let store = part.store.clone();
+                        moved = tokio::task::spawn_blocking(move || store.move_values())
+                            .await
+                            .is_ok();
+                    }
+                    Err(why) => {
+                        tracing::warn!(partition = part.id, "moving values deferred: {why}")
+                    }
+                }
+            }
             tracing::info!(
                 partition = part.id,
                 deletes,

@@ -497,6 +497,13 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// A compaction of the whole key range, down to and including the last level.
+fn whole_compaction() -> rocksdb::CompactOptions {
+    let mut o = rocksdb::CompactOptions::default();
+    o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+    o
+}
+
 /// RocksDB's integer property `name` of `db`, or 0 where it has none.
 fn int_property(db: &DB, name: &str) -> u64 {
     db.property_int_value(name).ok().flatten().unwrap_or(0)
@@ -995,29 +1002,46 @@ impl SmStore {
         self.deleted_chunks.fetch_add(chunks, Relaxed);
     }
 
-    /// Compacts the whole instance to reclaim deleted values, in two steps. First the keys
-    /// alone, blob garbage collection off: deleted keys go, a blob file none of whose values
-    /// is still referred to leaves the disk, and RocksDB counts the garbage left in the
-    /// others. Then, only if that garbage is at least an eighth of the blob files' bytes
-    /// (`RECLAIM_GARBAGE_SHARE`), once more with collection on for every file (RocksDB's
-    /// own compactions running meanwhile too, and off again after it: see `AUTO_BLOB_GC`),
-    /// which moves the live values out of the files with garbage. Moving copies every live
-    /// value, the partition's whole size: on a nearly full node whose deleted chunks were
-    /// few, that copy most likely took the disk from 85 % to full (`jepsen/README.md`).
-    /// Returns whether the values were moved.
+    /// Compacts the whole instance to reclaim deleted values, in two steps: the keys
+    /// ([`SmStore::compact_keys`]), then the values if that found enough garbage
+    /// ([`SmStore::move_values`]). Returns whether the values were moved.
+    #[cfg(test)]
     pub fn compact(&self) -> bool {
+        let worth = self.compact_keys().is_some();
+        if worth {
+            self.move_values();
+        }
+        worth
+    }
+
+    /// The first step of a reclaiming compaction: the keys alone, blob garbage collection
+    /// off. Deleted keys go, a blob file none of whose values is still referred to leaves
+    /// the disk, and RocksDB counts the garbage left in the others. It writes at most the
+    /// store's key tables and memtables again ([`SmStore::key_bytes`]). Returns the bytes of
+    /// live values that moving them would copy, if that garbage is at least an eighth of the
+    /// blob files' bytes (`RECLAIM_GARBAGE_SHARE`); None if it is not worth the copy.
+    pub fn compact_keys(&self) -> Option<u64> {
         self.deletes.store(0, std::sync::atomic::Ordering::Relaxed);
         self.deleted_chunks
             .store(0, std::sync::atomic::Ordering::Relaxed);
         let db = self.db();
-        let mut o = rocksdb::CompactOptions::default();
-        o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
-        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &whole_compaction());
         let garbage = int_property(&db, "rocksdb.live-blob-file-garbage-size");
         let files = int_property(&db, "rocksdb.live-blob-file-size");
         if garbage == 0 || (garbage as f64) < files as f64 * RECLAIM_GARBAGE_SHARE {
-            return false;
+            return None;
         }
+        Some(files.saturating_sub(garbage))
+    }
+
+    /// The second step: once more with blob garbage collection on for every file
+    /// (RocksDB's own compactions running meanwhile too, and off again after it: see
+    /// `AUTO_BLOB_GC`), which moves the live values out of the files with garbage. That
+    /// copies every live value, up to the partition's whole size: on a nearly full node it
+    /// waits for room (`crate::data`), as a copy of the whole store claimed before both
+    /// steps once took a node from 85 % to full (`jepsen/README.md`).
+    pub fn move_values(&self) {
+        let db = self.db();
         let gc = |on: bool| {
             let name = "enable_blob_garbage_collection";
             if let Err(e) = crate::tuning::set_option(&db, name, &on.to_string()) {
@@ -1025,9 +1049,16 @@ impl SmStore {
             }
         };
         gc(true);
-        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &o);
+        db.compact_range_opt(None::<&[u8]>, None::<&[u8]>, &whole_compaction());
         gc(AUTO_BLOB_GC);
-        true
+    }
+
+    /// Bytes the first step of a reclaiming compaction may write: the key tables and the
+    /// memtables it flushes first.
+    pub fn key_bytes(&self) -> u64 {
+        let db = self.db();
+        int_property(&db, "rocksdb.total-sst-files-size")
+            + int_property(&db, "rocksdb.cur-size-all-mem-tables")
     }
 
     /// Bytes the instance occupies on disk (SST and blob files).
