@@ -447,7 +447,8 @@ impl<'a> Files<'a> {
                 continue;
             }
             let chunks = chunks_named(part, &due);
-            propose_in_batches(part, due, Op::ReclaimUnlinked, "reclaiming unlinked files").await;
+            let what = "reclaiming unlinked files";
+            propose_in_batches(*p, due, Op::ReclaimUnlinked, |c| part.propose(c), what).await;
             self.drop_chunks_of_gone(part, chunks).await;
         }
     }
@@ -477,20 +478,9 @@ impl<'a> Files<'a> {
             }
         }
         for (p, chunks) in by_partition {
-            for batch in chunks.chunks(1000) {
-                let cmd = Command::Atomic(vec![Op::DropChunks(batch.to_vec())]);
-                match self.node.propose_on(p, cmd).await {
-                    Ok(_) => tracing::debug!(
-                        partition = p,
-                        chunks = batch.len(),
-                        "dropped the chunks of reclaimed files"
-                    ),
-                    Err(e) => tracing::warn!(
-                        partition = p,
-                        "the chunks of reclaimed files left to the chunk collector: {e}"
-                    ),
-                }
-            }
+            let propose = |c| self.node.propose_on(p, c);
+            let what = "dropping the chunks of reclaimed files";
+            propose_in_batches(p, chunks, Op::DropChunks, propose, what).await;
         }
     }
 
@@ -518,7 +508,8 @@ impl<'a> Files<'a> {
                 self.node
                     .requests_due
                     .confirmed(*p, due, Duration::from_millis(REQUEST_RECORD_MS));
-            propose_in_batches(part, due, Op::ForgetRequests, "forgetting request records").await;
+            let what = "forgetting request records";
+            propose_in_batches(*p, due, Op::ForgetRequests, |c| part.propose(c), what).await;
         }
     }
 
@@ -594,20 +585,22 @@ impl<'a> Files<'a> {
     }
 }
 
-/// Proposes `op` over `items` in batches of 1,000; a failed batch waits for the next round.
-async fn propose_in_batches<T: Clone>(
-    part: &Partition,
+/// Proposes `op` over `items` in batches of 1,000 on partition `p`, each through `propose`
+/// (the partition's own `Partition::propose`, or `Node::propose_on` for one led elsewhere);
+/// a failed batch waits for the next round.
+async fn propose_in_batches<T: Clone, Fut>(
+    p: u32,
     items: Vec<T>,
     op: impl Fn(Vec<T>) -> Op,
+    propose: impl Fn(Command) -> Fut,
     what: &str,
-) {
+) where
+    Fut: std::future::Future<Output = Result<CommandResult, TalonError>>,
+{
     for batch in items.chunks(1000) {
-        match part
-            .propose(Command::Atomic(vec![op(batch.to_vec())]))
-            .await
-        {
-            Ok(_) => tracing::debug!(partition = part.id, n = batch.len(), "{what}"),
-            Err(e) => tracing::warn!(partition = part.id, "{what} deferred: {e}"),
+        match propose(Command::Atomic(vec![op(batch.to_vec())])).await {
+            Ok(_) => tracing::debug!(partition = p, n = batch.len(), "{what}"),
+            Err(e) => tracing::warn!(partition = p, "{what} deferred: {e}"),
         }
     }
 }
