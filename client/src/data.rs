@@ -5,8 +5,8 @@
 //! A regular file is SMALL (its whole body is one record on its home partition) or CHUNKED
 //! (fixed-size chunks, chunk `i` on `chunk_partition(ino, i, P)`). The contents change only
 //! when a `WriteSmall` or `CommitLayout` is applied, so a reader sees the old file or the new
-//! one, never a mix; chunks are stored first, each under a fresh random `write_id`, and are
-//! invisible until the layout naming them commits.
+//! one, never a mix; chunks are stored first, each under a fresh `write_id` of the writer's
+//! write session (`write_session`), and are invisible until the layout naming them commits.
 //!
 //! - Reading a small file by path is one RPC on a warm path cache: `ReadWhole` to the
 //!   entry's partition answers with the body. A chunked file's `ReadWhole` answers with the
@@ -30,6 +30,7 @@ use crate::router::ReadKind;
 use crate::settle::Scope;
 use crate::wire::replies;
 use crate::wire::requests::{self, Header};
+use crate::write_session::WriteSession;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use talon_model::placement::{chunk_partition, entry_partition};
 use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
@@ -86,10 +87,6 @@ pub(crate) fn pieces(offset: u64, len: u64, chunk_size: u64) -> Vec<(u32, u64, u
         pos += n;
     }
     out
-}
-
-fn fresh_write_id() -> u64 {
-    rand::random::<u64>().max(1)
 }
 
 impl Client {
@@ -251,13 +248,15 @@ impl Client {
         Ok(data)
     }
 
-    /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long.
+    /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long; with
+    /// a `write_session` (nonzero), only while that session is held.
     pub(crate) async fn rpc_commit_layout(
         &self,
         ino: Ino,
         size: u64,
         chunk_size: u32,
         chunks: &[ChunkRef],
+        write_session: u64,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
@@ -269,6 +268,7 @@ impl Client {
                     chunk_size,
                     chunks,
                     ANY_GENERATION,
+                    write_session,
                 );
                 self.call(p, ReadKind::Write, move |mut c| {
                     let req = req.clone();
@@ -279,6 +279,26 @@ impl Client {
         let attr = replies::attr(reply)?;
         self.cache().note_attr(&attr);
         Ok(attr)
+    }
+
+    /// `HoldWrite`: starts (`renew` false), renews or ends (`end`) write session `session`
+    /// of `ino` at its home; answers within how many ms to renew it.
+    pub(crate) async fn rpc_hold_write(
+        &self,
+        ino: Ino,
+        session: u64,
+        renew: bool,
+        end: bool,
+    ) -> Result<u64, TalonError> {
+        let p = ino.home();
+        let req =
+            requests::hold_write(Header::new(p, ReadKind::Write, 0), ino, session, renew, end);
+        let reply = self
+            .call(p, ReadKind::Write, move |mut c| async move {
+                c.hold_write(req).await
+            })
+            .await?;
+        Ok(reply.lease_ms)
     }
 
     // ----- building blocks -----
@@ -453,13 +473,19 @@ impl Client {
             return self.rpc_write_small(ino, data).await;
         }
         let cs = chunk_size as usize;
+        // The chunks are held by a write session until the commit names them, however long
+        // storing them takes; it ends when dropped here.
+        let mut session = WriteSession::start(self, ino);
+        let ids = (0..data.len().div_ceil(cs))
+            .map(|_| session.write_id())
+            .collect::<Result<Vec<u64>, TalonError>>()?;
         // Indices, not borrowed slices, go through the stream: a closure taking a borrowed
         // argument makes the future unusable with `tokio::spawn` (higher-ranked lifetime).
-        let refs: Vec<ChunkRef> = stream::iter(0..data.len().div_ceil(cs))
+        let refs: Vec<ChunkRef> = stream::iter(0..ids.len())
             .map(|i| {
                 let part = &data[i * cs..((i + 1) * cs).min(data.len())];
+                let write_id = ids[i];
                 async move {
-                    let write_id = fresh_write_id();
                     self.rpc_put_chunk(ino, write_id, i as u32, part).await?;
                     Ok::<_, TalonError>(ChunkRef {
                         write_id,
@@ -470,7 +496,8 @@ impl Client {
             .buffered(WRITE_CONCURRENCY)
             .try_collect()
             .await?;
-        self.rpc_commit_layout(ino, data.len() as u64, chunk_size as u32, &refs)
+        let held = session.held().await?;
+        self.rpc_commit_layout(ino, data.len() as u64, chunk_size as u32, &refs, held)
             .await
     }
 }

@@ -9,10 +9,14 @@
 //!   live in memory, and a commit is one `WriteSmall`;
 //! - once it is chunked, only *dirty* chunks are in memory. A write to a chunk the File does
 //!   not hold first reads that chunk (read-modify-write). A dirty chunk that the writer has
-//!   filled and moved past is stored with `PutChunk` in the background under a fresh random
+//!   filled and moved past is stored with `PutChunk` in the background under a fresh
 //!   `write_id`, at most [`MAX_UPLOADS`] at once, and at most [`MAX_DIRTY`] dirty chunks are
 //!   kept, so a sequential write of any size needs bounded memory. A commit stores the
-//!   remaining dirty chunks and sends one `CommitLayout` naming every chunk.
+//!   remaining dirty chunks and sends one `CommitLayout` naming every chunk. The write ids
+//!   are those of a write session the File holds on the file's home from its first chunk
+//!   until it is dropped (`write_session`), so chunks stored long before the commit are
+//!   not taken for a dead writer's; a File cut off from the servers for longer than the
+//!   session's lease fails its commit with EIO rather than name chunks that may be gone.
 //!
 //! A small file that grows past `small_file_max` becomes chunked (its body becomes the first
 //! chunk(s)); a chunked file stays chunked, except that truncating it to zero bytes lets it
@@ -41,6 +45,7 @@ use crate::data::{data_error, pieces, Opened};
 use crate::path;
 use crate::router::ReadKind;
 use crate::types::CreateSpec;
+use crate::write_session::WriteSession;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -167,6 +172,8 @@ struct Core {
     changed: bool,
     small_max: u64,
     new_chunk_size: u64,
+    /// Holds the chunks this File stored until it commits them; started with the first.
+    session: Option<WriteSession>,
 }
 
 fn bad_fd(what: &str, op: &str) -> TalonError {
@@ -198,6 +205,7 @@ impl Core {
             changed: false,
             small_max,
             new_chunk_size: chunk_size,
+            session: None,
         }
     }
 
@@ -333,13 +341,15 @@ impl Core {
             .map(|(i, _)| *i)
             .collect();
         for i in done {
-            c.store(&self.client, self.ino, i).await?;
+            c.store(&self.client, self.ino, i, &mut self.session)
+                .await?;
         }
         while c.dirty.len() > MAX_DIRTY {
             let Some(i) = c.dirty.keys().next().copied() else {
                 break;
             };
-            c.store(&self.client, self.ino, i).await?;
+            c.store(&self.client, self.ino, i, &mut self.session)
+                .await?;
         }
         Ok(())
     }
@@ -402,7 +412,8 @@ impl Core {
         };
         let indexes: Vec<u32> = c.dirty.keys().copied().collect();
         for i in indexes {
-            c.store(&self.client, self.ino, i).await?;
+            c.store(&self.client, self.ino, i, &mut self.session)
+                .await?;
         }
         while !c.uploads.is_empty() {
             c.reap_one().await?;
@@ -410,6 +421,10 @@ impl Core {
         if !self.changed {
             return Ok(());
         }
+        let session = match &mut self.session {
+            Some(s) => s.held().await?,
+            None => 0,
+        };
         let cs = c.chunk_size;
         let mut refs = c.refs.clone();
         refs.truncate(self.size.div_ceil(cs) as usize);
@@ -423,7 +438,7 @@ impl Core {
         }
         let attr = self
             .client
-            .rpc_commit_layout(self.ino, self.size, cs as u32, &refs)
+            .rpc_commit_layout(self.ino, self.size, cs as u32, &refs, session)
             .await?;
         c.refs = refs;
         self.attr = attr;
@@ -480,8 +495,15 @@ impl Chunks {
             .ok_or_else(|| TalonError::Invalid("dirty chunk vanished".into()))
     }
 
-    /// Starts storing dirty chunk `index` in the background, waiting for a slot first.
-    async fn store(&mut self, client: &Client, ino: Ino, index: u32) -> Result<(), TalonError> {
+    /// Starts storing dirty chunk `index` in the background, waiting for a slot first, under
+    /// a write id of `session` (started here with the first chunk).
+    async fn store(
+        &mut self,
+        client: &Client,
+        ino: Ino,
+        index: u32,
+        session: &mut Option<WriteSession>,
+    ) -> Result<(), TalonError> {
         let Some(data) = self.dirty.remove(&index) else {
             return Ok(());
         };
@@ -498,7 +520,16 @@ impl Chunks {
             self.refs[index as usize] = ChunkRef::default();
             return Ok(());
         }
-        let write_id = rand::random::<u64>().max(1);
+        let write_id = match session
+            .get_or_insert_with(|| WriteSession::start(client, ino))
+            .write_id()
+        {
+            Ok(id) => id,
+            Err(e) => {
+                self.dirty.insert(index, data);
+                return Err(e);
+            }
+        };
         self.refs[index as usize] = ChunkRef {
             write_id,
             len: data.len() as u32,

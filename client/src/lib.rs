@@ -40,6 +40,7 @@ pub mod types;
 #[cfg(feature = "server")]
 pub mod up;
 pub(crate) mod wire;
+pub(crate) mod write_session;
 
 pub use client::Client;
 pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};

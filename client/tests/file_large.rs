@@ -76,3 +76,40 @@ async fn one_gib_streams_in_and_out() {
     println!("read 1 GiB in {s:.1} s ({:.0} MB/s)", SIZE as f64 / 1e6 / s);
     fx.shutdown().await;
 }
+
+/// A writer that keeps a large file open for longer than the servers' chunk grace (here 1 s,
+/// ten minutes by default: a checkpoint of hundreds of GB, or a log kept open for a whole
+/// run) keeps the chunks it stored early: its write session holds them until it commits.
+/// Before sessions, the collector took them as a dead writer's, the commit named chunks no
+/// longer there, and the file read EIO after a close that had succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_open_past_the_chunk_grace_keeps_its_chunks() {
+    const CHUNK: usize = 64 << 10;
+    let fx = Fixture::start_with(1, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32).chunk_gc_grace_ms(1000)
+    })
+    .await;
+    let c = &fx.client;
+    let mut f = c
+        .open("/slow", OpenOptions::create_truncate())
+        .await
+        .expect("open");
+    let mut want = vec![0u8; 10 * CHUNK + 777];
+    fill(0, &mut want);
+    // Eight chunks: the File keeps at most four dirty, so the first ones are stored in the
+    // background now.
+    f.write_all(&want[..8 * CHUNK]).await.expect("write");
+    // Several collector rounds past twice the grace (250 ms apart at this grace).
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    f.write_all(&want[8 * CHUNK..])
+        .await
+        .expect("write the rest");
+    f.shutdown().await.expect("commit");
+    drop(f);
+    let got = c.read_file("/slow").await.expect("read back");
+    assert!(
+        got == want,
+        "the file read back differs from what was written"
+    );
+    fx.shutdown().await;
+}

@@ -55,6 +55,8 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::DropChunks(_)
             | Op::ReclaimUnlinked(_)
             | Op::ForgetRequests(_)
+            | Op::HoldWrite { .. }
+            | Op::EndWrites(_)
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -399,7 +401,29 @@ impl Applier {
                 | Op::DropChunks(_)
                 | Op::ReclaimUnlinked(_)
                 | Op::ForgetRequests(_)
+                | Op::EndWrites(_)
                 | Op::TouchDir { .. } => {}
+                Op::HoldWrite {
+                    ino,
+                    session,
+                    renew,
+                    now_ms,
+                    ..
+                } => {
+                    if v.inode(*ino)?.is_none() {
+                        return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
+                    }
+                    let until = v.write_hold(*ino, *session)?;
+                    if *renew && until.is_none_or(|u| u < *now_ms) {
+                        return Ok(Err(posix(
+                            Errno::EIO,
+                            format!(
+                                "the write session {session:x} of inode {ino} expired (not renewed \
+                                 within its lease): chunks it stored may be gone"
+                            ),
+                        )));
+                    }
+                }
             }
         }
         Ok(Ok(()))
@@ -682,6 +706,20 @@ impl Applier {
                         }
                     }
                 }
+                Op::HoldWrite {
+                    ino,
+                    session,
+                    until_ms,
+                    ..
+                } => v.put(
+                    keys::write_hold(*ino, *session),
+                    until_ms.to_le_bytes().to_vec(),
+                ),
+                Op::EndWrites(holds) => {
+                    for (ino, session) in holds {
+                        v.del(keys::write_hold(*ino, *session));
+                    }
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
@@ -724,8 +762,10 @@ impl Applier {
     }
 
     fn drop_inode(&self, v: &mut View<'_>, ino: Ino) -> Result<(), Fatal> {
-        for k in v.keys_with_prefix(&keys::xattr_prefix(ino))? {
-            v.del(k);
+        for prefix in [keys::xattr_prefix(ino), keys::write_hold_prefix(ino)] {
+            for k in v.keys_with_prefix(&prefix)? {
+                v.del(k);
+            }
         }
         if let Some(rec) = v.inode(ino)? {
             if rec.attr.kind == FileKind::Regular {

@@ -12,7 +12,10 @@
 //!   and that are older than `chunk_gc_grace_ms` are dropped by the leader's garbage
 //!   collector (writers that died, overwritten generations), once the leader has also
 //!   seen them so for that grace on its own monotonic clock, so that no clock's jump
-//!   shortens it. A writer must commit within that grace period.
+//!   shortens it. A writer slower than that grace holds a write session on the file's home
+//!   (`H` ‖ ino ‖ session, renewed within the grace; see `Files::hold_write`): chunks whose
+//!   write id carries a held session stay, and a commit by a writer whose session expired
+//!   is refused (EIO) rather than naming chunks that may be gone.
 //! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
 //!   answers EIO and logs the inode, never returns the bytes.
 //! - Deleted values are reclaimed by compaction, which a background task runs on a
@@ -297,7 +300,53 @@ impl<'a> Files<'a> {
         })
     }
 
-    /// Makes a chunked layout the file's contents.
+    /// Starts (`renew` false), renews or ends (`end`) write session `session` of `ino` on its
+    /// home partition `p`, and answers for how long (ms) it is held: the chunk collector's
+    /// grace. Chunks whose write id carries a held session stay however old they grow; a
+    /// renewal of a session that expired is refused (EIO).
+    pub async fn hold_write(
+        &self,
+        p: u32,
+        ino: Ino,
+        session: u64,
+        renew: bool,
+        end: bool,
+    ) -> Result<u64, TalonError> {
+        let part = self.node.home_part(p, ino)?;
+        if session == 0 || session >> (64 - keys::SESSION_SHIFT) != 0 {
+            return Err(TalonError::Invalid(format!(
+                "write session {session:#x}: must be nonzero and below 2^40"
+            )));
+        }
+        let op = if end {
+            Op::EndWrites(vec![(ino, session)])
+        } else {
+            self.hold_op(ino, session, renew)
+        };
+        match part.propose(Command::Atomic(vec![op])).await? {
+            CommandResult::Applied(_) => Ok(self.node.config.cluster.chunk_gc_grace_ms),
+            CommandResult::Failed(e) => Err(e.into()),
+            other => Err(TalonError::Unavailable(format!(
+                "unexpected result {other:?}"
+            ))),
+        }
+    }
+
+    /// The op that holds write session `session` of `ino` for the collector's grace from now.
+    fn hold_op(&self, ino: Ino, session: u64, renew: bool) -> Op {
+        let now_ms = crate::clock::now().as_millis();
+        Op::HoldWrite {
+            ino,
+            session,
+            renew,
+            now_ms,
+            until_ms: now_ms.saturating_add(self.node.config.cluster.chunk_gc_grace_ms),
+        }
+    }
+
+    /// Makes a chunked layout the file's contents. A writer that holds write session
+    /// `session` (nonzero) commits only while the session is held, and renews it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn commit_layout(
         &self,
         p: u32,
@@ -306,6 +355,7 @@ impl<'a> Files<'a> {
         size: u64,
         layout: Layout,
         expect_generation: u64,
+        session: u64,
     ) -> Result<Attr, TalonError> {
         let part = self.node.home_part(p, ino)?;
         let cs = self.chunk_size();
@@ -321,17 +371,18 @@ impl<'a> Files<'a> {
         if size > 1 << 50 {
             return Err(posix(Errno::EFBIG, "file larger than 1 PiB"));
         }
-        let ops = vec![
-            Op::ExpectEpoch(epoch),
-            Op::CommitLayout {
-                ino,
-                size,
-                chunk_size,
-                chunks,
-                expect_generation,
-                now: crate::clock::now(),
-            },
-        ];
+        let mut ops = vec![Op::ExpectEpoch(epoch)];
+        if session != 0 {
+            ops.push(self.hold_op(ino, session, true));
+        }
+        ops.push(Op::CommitLayout {
+            ino,
+            size,
+            chunk_size,
+            chunks,
+            expect_generation,
+            now: crate::clock::now(),
+        });
         applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
     }
 
@@ -377,13 +428,19 @@ impl<'a> Files<'a> {
                 if !states.contains_key(&ino) {
                     let state = match self
                         .node
-                        .peer(ino.home(), PeerRequest::ReadInode(ino))
+                        .peer(ino.home(), PeerRequest::ChunkHolder(ino))
                         .await
                     {
-                        Ok(PeerReply::Inode(None)) => Holder::Gone,
-                        Ok(PeerReply::Inode(Some(rec))) => match rec.layout {
-                            Layout::Chunked { chunks, .. } => Holder::Chunked(chunks),
-                            Layout::Small => Holder::Gone,
+                        Ok(PeerReply::ChunkHolder(rec, holds)) => Holder::Known {
+                            named: match rec.map(|r| r.layout) {
+                                Some(Layout::Chunked { chunks, .. }) => chunks,
+                                _ => Vec::new(),
+                            },
+                            held: holds
+                                .into_iter()
+                                .filter(|&(_, until)| until > now)
+                                .map(|(session, _)| session)
+                                .collect(),
                         },
                         // Unknown: keep the chunk this round.
                         _ => Holder::Unknown,
@@ -391,10 +448,12 @@ impl<'a> Files<'a> {
                     states.insert(ino, state);
                 }
                 let live = match states.get(&ino) {
-                    Some(Holder::Chunked(chunks)) => chunks
-                        .get(index as usize)
-                        .is_some_and(|c| c.write_id == write_id),
-                    Some(Holder::Gone) => false,
+                    Some(Holder::Known { named, held }) => {
+                        named
+                            .get(index as usize)
+                            .is_some_and(|c| c.write_id == write_id)
+                            || held.contains(&(write_id >> keys::SESSION_SHIFT))
+                    }
                     _ => true,
                 };
                 if !live {
@@ -510,6 +569,21 @@ impl<'a> Files<'a> {
                     .confirmed(*p, due, Duration::from_millis(REQUEST_RECORD_MS));
             let what = "forgetting request records";
             propose_in_batches(*p, due, Op::ForgetRequests, |c| part.propose(c), what).await;
+            // Write sessions whose writers stopped renewing them a grace ago: they are
+            // refused whether their record is there or not, and their chunks are garbage.
+            let grace = self.node.config.cluster.chunk_gc_grace_ms;
+            let expired = match part
+                .store
+                .write_holds(GC_SCAN_LIMIT, |until| now > until.saturating_add(grace))
+            {
+                Ok(holds) => holds,
+                Err(e) => {
+                    tracing::error!(partition = p, "scan write sessions: {e}");
+                    continue;
+                }
+            };
+            let what = "forgetting expired write sessions";
+            propose_in_batches(*p, expired, Op::EndWrites, |c| part.propose(c), what).await;
         }
     }
 
@@ -630,10 +704,12 @@ fn chunks_named(part: &Partition, inos: &[Ino]) -> Vec<(Ino, u64, u32)> {
 enum Holder {
     /// The home partition could not be asked this round.
     Unknown,
-    /// The inode is gone, or no longer chunked: none of its chunks are live.
-    Gone,
-    /// Chunks named by this layout are live.
-    Chunked(Vec<ChunkRef>),
+    /// Chunks `named` by the file's layout (none when the inode is gone or no longer
+    /// chunked) are live, and so are those of a write session `held` past this round.
+    Known {
+        named: Vec<ChunkRef>,
+        held: Vec<u64>,
+    },
 }
 
 fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {

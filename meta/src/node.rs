@@ -59,6 +59,9 @@ pub enum PeerRequest {
     /// relaxed reads (`Partition::answer_for_follower`); answered `Applied(None)` by a
     /// replica that does not lead.
     LeaderApplied,
+    /// What keeps a file's chunks: its inode record and the write sessions held on it,
+    /// read linearizably at its home (the chunk collector's question).
+    ChunkHolder(Ino),
 }
 
 /// The answer to a `PeerRequest`.
@@ -78,6 +81,9 @@ pub enum PeerReply {
     DirAttr(Option<Attr>),
     /// The answer to `LeaderApplied`.
     Applied(Option<u64>),
+    /// The answer to `ChunkHolder`: the inode, if it exists, and its write sessions
+    /// (session, held until in ms).
+    ChunkHolder(Option<crate::records::InodeRec>, Vec<(u64, u64)>),
 }
 
 /// A node and everything it hosts.
@@ -517,6 +523,14 @@ impl Node {
                 Ok(PeerReply::Inode(
                     part.store.read(|v| v.inode(ino)).map_err(storage_error)?,
                 ))
+            }
+            PeerRequest::ChunkHolder(ino) => {
+                part.linearizable().await?;
+                let (rec, holds) = part
+                    .store
+                    .read(|v| Ok((v.inode(ino)?, v.write_holds(ino)?)))
+                    .map_err(storage_error)?;
+                Ok(PeerReply::ChunkHolder(rec, holds))
             }
             PeerRequest::ReadFile(ino) => {
                 part.linearizable().await?;

@@ -546,11 +546,26 @@ impl NamespaceSvc for Api {
                 r.size,
                 layout,
                 r.expect_generation,
+                r.write_session,
             )
             .await?;
         Ok(Response::new(pb::AttrReply {
             attr: attr_reply(&attr),
         }))
+    }
+
+    async fn hold_write(&self, r: Request<pb::HoldWriteRequest>) -> Res<pb::HoldWriteReply> {
+        let r = r.into_inner();
+        let h = header(r.header);
+        // Only a new session waits for room: renewing or ending one protects, or frees,
+        // what its writer already stored.
+        if !r.renew && !r.end {
+            self.node.room_for(h.partition, 0)?;
+        }
+        let lease_ms = Files::new(&self.node)
+            .hold_write(h.partition, Ino(r.ino), r.session, r.renew, r.end)
+            .await?;
+        Ok(Response::new(pb::HoldWriteReply { lease_ms }))
     }
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {

@@ -953,6 +953,18 @@ impl SmStore {
         })
     }
 
+    /// Write sessions held until a time (ms) for which `due` holds: (ino, session), at most
+    /// `limit`.
+    pub fn write_holds(
+        &self,
+        limit: usize,
+        due: impl Fn(u64) -> bool,
+    ) -> Result<Vec<(Ino, u64)>, Fatal> {
+        self.timed_records(keys::tag::WRITE_HOLD, limit, |k, until| {
+            keys::write_hold_of(k).filter(|_| due(until))
+        })
+    }
+
     /// Up to `limit` records of table `tag` whose values start with u64 ms times, decoded by `f`
     /// from the key and the time (keys `f` cannot decode are skipped).
     fn timed_records<T>(

@@ -82,6 +82,24 @@ impl<'a> View<'a> {
         Ok(found)
     }
 
+    /// Until when (ms) write session `session` of `ino` is held, if it is recorded.
+    pub fn write_hold(&self, ino: Ino, session: u64) -> Result<Option<u64>, Fatal> {
+        Ok(self
+            .get(&keys::write_hold(ino, session))?
+            .map(|b| hold_until(&b)))
+    }
+
+    /// The write sessions recorded on `ino`: (session, held until in ms).
+    pub fn write_holds(&self, ino: Ino) -> Result<Vec<(u64, u64)>, Fatal> {
+        let mut out = Vec::new();
+        for k in self.keys_with_prefix(&keys::write_hold_prefix(ino))? {
+            if let (Some((_, session)), Some(b)) = (keys::write_hold_of(&k), self.get(&k)?) {
+                out.push((session, hold_until(&b)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Stages a put.
     pub fn put(&mut self, k: Vec<u8>, v: Vec<u8>) {
         self.own.insert(k, Some(v));
@@ -195,4 +213,13 @@ impl<'a> View<'a> {
             .map(|b| dec(&b, "lock"))
             .transpose()
     }
+}
+
+/// The time (ms) a write session's record holds it until; a record too short to hold one
+/// reads as expired long ago.
+fn hold_until(value: &[u8]) -> u64 {
+    value
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }

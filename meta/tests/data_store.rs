@@ -152,6 +152,17 @@ impl Fx {
         size: u64,
         chunks: Vec<pb::ChunkRef>,
     ) -> Result<pb::Attr, TalonError> {
+        self.commit_held(ino, size, chunks, 0).await
+    }
+
+    /// As [`Fx::commit`], by a writer that holds write session `session` (0: none).
+    async fn commit_held(
+        &mut self,
+        ino: Ino,
+        size: u64,
+        chunks: Vec<pb::ChunkRef>,
+        session: u64,
+    ) -> Result<pb::Attr, TalonError> {
         let req = pb::CommitLayoutRequest {
             header: hdr(ino.home()),
             ino: ino.0,
@@ -159,6 +170,7 @@ impl Fx {
             chunk_size: CHUNK,
             chunks,
             expect_generation: 0,
+            write_session: session,
         };
         Ok(self
             .c
@@ -167,6 +179,21 @@ impl Fx {
             .into_inner()
             .attr
             .expect("attr"))
+    }
+
+    /// Starts (`renew` false) or renews write session `session` of `ino`: its lease, in ms.
+    async fn hold(&mut self, ino: Ino, session: u64, renew: bool) -> Result<u64, TalonError> {
+        let r = self
+            .c
+            .hold_write(pb::HoldWriteRequest {
+                header: hdr(ino.home()),
+                ino: ino.0,
+                session,
+                renew,
+                end: false,
+            })
+            .await?;
+        Ok(r.into_inner().lease_ms)
     }
 
     /// Writes `n` whole chunks under write id `w` and commits them as the file's layout;
@@ -454,6 +481,99 @@ async fn chunks_no_layout_names_are_reclaimed() {
 }
 
 /// Chunks stored on all of `node`'s partitions.
+/// A writer's write session keeps the chunks it stored, past the collector's grace, for as
+/// long as it renews the session; one that stops renewing loses them, and is then refused
+/// at its renewal and at its commit (EIO), rather than committing a layout that names chunks
+/// no longer there. Expired sessions' records go too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_session_holds_its_chunks_while_renewed() {
+    let mut fx = fixture(1000).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    const S: u64 = 0x12_3456;
+    const T: u64 = 0x65_4321;
+    let id = |session: u64, n: u64| session << 24 | n;
+    let refs = |session: u64| {
+        (1..=2)
+            .map(|n| pb::ChunkRef {
+                write_id: id(session, n),
+                len: CHUNK,
+            })
+            .collect::<Vec<_>>()
+    };
+    for bad in [0, 1 << 40] {
+        let e = fx
+            .hold(Ino(ROOT_INO.0), bad, false)
+            .await
+            .expect_err("bad session");
+        assert!(matches!(e, TalonError::Invalid(_)), "{e:?}");
+    }
+    let kept = fx.file("kept").await;
+    let lapsed = fx.file("lapsed").await;
+    assert_eq!(fx.hold(kept, S, false).await.expect("hold"), 1000);
+    fx.hold(lapsed, T, false).await.expect("hold");
+    let mut want = Vec::new();
+    for (i, n) in [(0, 1), (1, 2)] {
+        let data = bytes(CHUNK as usize, n);
+        fx.put_chunk(kept, id(S, n), i, data.clone())
+            .await
+            .expect("put");
+        fx.put_chunk(lapsed, id(T, n), i, data.clone())
+            .await
+            .expect("put");
+        want.extend(data);
+    }
+    // Renewed every 300 ms for 5 s (the chunks' stamps a grace old, and confirmed so, many
+    // times over): the renewed session's chunks stay, the other's go.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        fx.hold(kept, S, true).await.expect("renew");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        chunk_count(&node),
+        2,
+        "only the renewed session's chunks are left"
+    );
+    let size = 2 * u64::from(CHUNK);
+    fx.commit_held(kept, size, refs(S), S)
+        .await
+        .expect("commit");
+    assert_eq!(fx.read(kept).await, want);
+    // The lapsed writer is told, at its renewal and at its commit.
+    let e = fx
+        .hold(lapsed, T, true)
+        .await
+        .expect_err("renew a lapsed session");
+    assert_eq!(e.errno(), Errno::EIO, "{e:?}");
+    let e = fx
+        .commit_held(lapsed, size, refs(T), T)
+        .await
+        .expect_err("commit");
+    assert_eq!(e.errno(), Errno::EIO, "{e:?}");
+    assert_eq!(
+        fx.read(lapsed).await,
+        Vec::<u8>::new(),
+        "the file kept its contents"
+    );
+    // Its record is forgotten a grace after it expired.
+    let holds = |node: &talon_meta::node::Node| -> Vec<(Ino, u64)> {
+        node.partitions
+            .values()
+            .flat_map(|p| p.store.write_holds(1000, |_| true).expect("scan"))
+            .collect()
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the lapsed session's record to go",
+        || {
+            let h = holds(&node);
+            async move { (!h.contains(&(lapsed, T))).then_some(()) }
+        },
+    )
+    .await;
+    fx.cluster.shutdown().await;
+}
+
 fn chunk_count(node: &talon_meta::node::Node) -> usize {
     node.partitions
         .values()

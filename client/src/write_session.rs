@@ -1,0 +1,138 @@
+//! A writer's hold on the chunks it stored and has not committed yet.
+//!
+//! The servers take a chunk that no layout names, once it is older than their grace
+//! (`chunk_gc_grace_ms`, ten minutes by default), for a dead writer's. A writer can be alive
+//! and slower than that: a checkpoint of hundreds of GB, or a log kept open for a whole
+//! training run, commits long after it stored its first chunks. So a writer stores its chunks
+//! under a [`WriteSession`] held on the file's home partition (`HoldWrite`): each write id
+//! carries the session's id in its high bits (`write_id >> SESSION_SHIFT`), and the collector
+//! keeps the chunks of a held session however old they are.
+//!
+//! The session is started in the background with the first chunk stored (the chunk cannot
+//! be collected before it is a grace old, and the commit waits for the start), renewed every
+//! third of the lease the server answers, and ended when the writer drops it, which makes
+//! its uncommitted chunks garbage at once. A commit names its session: the server applies it
+//! only while the session is held. A writer cut off for longer than its lease (the session
+//! expired, and its chunks may be gone) is refused at its commit with EIO, loudly, instead
+//! of committing a layout that names missing chunks.
+
+use crate::client::Client;
+use std::time::Duration;
+use talon_model::{Errno, Ino, TalonError};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Bits of a chunk's write id below its write session's id (the server's `SESSION_SHIFT`).
+const SESSION_SHIFT: u32 = 24;
+
+/// Where a session stands, as its keeper last found it.
+#[derive(Clone, Debug)]
+enum Standing {
+    /// The start is under way.
+    Starting,
+    /// Held (started, and renewed in time).
+    Held,
+    /// Not held: the start failed, or the server refused a renewal (expired, or the file is
+    /// gone). A commit with it would be refused.
+    Lost(TalonError),
+}
+
+/// A write session held on one file for one writer (see the module docs).
+pub(crate) struct WriteSession {
+    client: Client,
+    ino: Ino,
+    id: u64,
+    /// Write ids handed out (the low `SESSION_SHIFT` bits of each).
+    stores: u64,
+    state: watch::Receiver<Standing>,
+    keeper: JoinHandle<()>,
+}
+
+impl WriteSession {
+    /// Starts holding a new session on `ino` in the background (needs a tokio runtime).
+    pub(crate) fn start(client: &Client, ino: Ino) -> WriteSession {
+        let id = (rand::random::<u64>() >> SESSION_SHIFT).max(1);
+        let (tx, state) = watch::channel(Standing::Starting);
+        let keeper = tokio::spawn(keep(client.clone(), ino, id, tx));
+        WriteSession {
+            client: client.clone(),
+            ino,
+            id,
+            stores: 0,
+            state,
+            keeper,
+        }
+    }
+
+    /// A fresh write id for one chunk store of this session.
+    pub(crate) fn write_id(&mut self) -> Result<u64, TalonError> {
+        if self.stores + 1 >= 1 << SESSION_SHIFT {
+            return Err(TalonError::posix(
+                Errno::EFBIG,
+                "a write session stores at most 16,777,215 chunks: commit and reopen the file",
+            ));
+        }
+        self.stores += 1;
+        Ok(self.id << SESSION_SHIFT | self.stores)
+    }
+
+    /// Waits until the session is held and answers its id, for a commit; or the error that
+    /// lost it.
+    pub(crate) async fn held(&mut self) -> Result<u64, TalonError> {
+        let state = self
+            .state
+            .wait_for(|s| !matches!(s, Standing::Starting))
+            .await
+            .map_err(|_| TalonError::Unavailable("the write session's keeper stopped".into()))?;
+        match &*state {
+            Standing::Lost(e) => Err(e.clone()),
+            _ => Ok(self.id),
+        }
+    }
+}
+
+impl Drop for WriteSession {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        // Ended in the background: the writer is done (it committed, or gave up), and the
+        // session's uncommitted chunks are garbage. Without a runtime, it expires instead.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (client, ino, id) = (self.client.clone(), self.ino, self.id);
+            rt.spawn(async move {
+                if let Err(e) = client.rpc_hold_write(ino, id, false, true).await {
+                    tracing::debug!(ino = %ino, "ending a write session: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// Starts session `id` on `ino`, then renews it every third of its lease until aborted or
+/// refused; reports where it stands through `tx`.
+async fn keep(client: Client, ino: Ino, id: u64, tx: watch::Sender<Standing>) {
+    let mut renew = false;
+    let mut lease = Duration::from_secs(60);
+    loop {
+        match client.rpc_hold_write(ino, id, renew, false).await {
+            Ok(ms) => {
+                lease = Duration::from_millis(ms.max(150));
+                tx.send_replace(Standing::Held);
+                renew = true;
+                tokio::time::sleep(lease / 3).await;
+            }
+            // Refused by the server (expired, the file gone), or never started: a commit
+            // with this session would be refused; the writer learns it there.
+            Err(e) if !renew || matches!(e, TalonError::Posix { .. }) => {
+                tracing::warn!(ino = %ino, "write session {id:x} lost: {e}");
+                tx.send_replace(Standing::Lost(e));
+                return;
+            }
+            // Unreachable for now (the call already retried up to its deadline): try again
+            // while the lease may still run.
+            Err(e) => {
+                tracing::debug!(ino = %ino, "renewing write session {id:x}: {e}");
+                tokio::time::sleep(lease / 10).await;
+            }
+        }
+    }
+}
