@@ -13,7 +13,7 @@
 //! fault harness's clock jump on one node, without touching the host's clock. Disarming it
 //! is the jump back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -70,16 +70,29 @@ pub fn confirmed_due<K: Copy + Eq + Hash>(
     now: Instant,
     hold: Duration,
 ) -> Vec<K> {
-    let mut next = HashMap::with_capacity(due.len());
+    confirmed_due_of(seen, due, now, hold, |_| true)
+}
+
+/// As [`confirmed_due`], for a round that looked at some of the items only (a page of a
+/// scan): of `seen`, the items `looked_at` that are not due now are forgotten, and the
+/// others are kept as they were, so an item found due on one page stays counted until a
+/// later round looks at its page again.
+pub fn confirmed_due_of<K: Copy + Eq + Hash>(
+    seen: &mut HashMap<K, Instant>,
+    due: Vec<K>,
+    now: Instant,
+    hold: Duration,
+    looked_at: impl Fn(&K) -> bool,
+) -> Vec<K> {
+    let due_now: HashSet<K> = due.iter().copied().collect();
+    seen.retain(|k, _| due_now.contains(k) || !looked_at(k));
     let mut out = Vec::new();
     for id in due {
-        let since = seen.get(&id).copied().unwrap_or(now);
+        let since = *seen.entry(id).or_insert(now);
         if now.saturating_duration_since(since) >= hold {
             out.push(id);
         }
-        next.insert(id, since);
     }
-    *seen = next;
     out
 }
 
@@ -88,12 +101,15 @@ pub fn confirmed_due<K: Copy + Eq + Hash>(
 #[derive(Debug)]
 pub struct DueSince<K> {
     seen: Mutex<HashMap<u32, HashMap<K, Instant>>>,
+    /// Where a job that pages through a partition's items stopped its last round.
+    resume: Mutex<HashMap<u32, K>>,
 }
 
 impl<K> Default for DueSince<K> {
     fn default() -> Self {
         DueSince {
             seen: Mutex::new(HashMap::new()),
+            resume: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -111,13 +127,50 @@ impl<K: Copy + Eq + Hash> DueSince<K> {
         )
     }
 
+    /// As [`DueSince::confirmed`], for a round that looked at some of the partition's items
+    /// only (see [`confirmed_due_of`]).
+    pub fn confirmed_of(
+        &self,
+        partition: u32,
+        due: Vec<K>,
+        hold: Duration,
+        looked_at: impl Fn(&K) -> bool,
+    ) -> Vec<K> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        confirmed_due_of(
+            seen.entry(partition).or_default(),
+            due,
+            Instant::now(),
+            hold,
+            looked_at,
+        )
+    }
+
+    /// The item after which the next round's page of `partition` starts (None: at the
+    /// start).
+    pub fn resume_after(&self, partition: u32) -> Option<K> {
+        let resume = self.resume.lock().unwrap_or_else(|e| e.into_inner());
+        resume.get(&partition).copied()
+    }
+
+    /// Sets where the next round's page of `partition` starts (see
+    /// [`DueSince::resume_after`]).
+    pub fn set_resume(&self, partition: u32, after: Option<K>) {
+        let mut resume = self.resume.lock().unwrap_or_else(|e| e.into_inner());
+        match after {
+            Some(k) => resume.insert(partition, k),
+            None => resume.remove(&partition),
+        };
+    }
+
     /// Forgets what was found on `partition`: this node no longer leads it, and counts
-    /// afresh if it leads it again.
+    /// afresh (from the start of its items) if it leads it again.
     pub fn forget(&self, partition: u32) {
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&partition);
+        self.set_resume(partition, None);
     }
 }
 
@@ -203,6 +256,39 @@ mod tests {
             vec![1, 2]
         );
         assert_eq!(confirmed_due(&mut seen, vec![4], t1 + hold, hold), vec![4]);
+    }
+
+    /// A round that looks at one page forgets only that page's items no longer due: an item
+    /// of another page keeps its count until its own page comes round again.
+    #[test]
+    fn a_page_forgets_only_its_own_items() {
+        let hold = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let mut seen = HashMap::new();
+        let page = |lo: u32, hi: u32| move |k: &u32| *k > lo && *k <= hi;
+        // Page (0, 10]: 3 and 7 due. Page (10, 20]: 15 due.
+        assert!(confirmed_due_of(&mut seen, vec![3, 7], t0, hold, page(0, 10)).is_empty());
+        assert!(confirmed_due_of(&mut seen, vec![15], t0, hold, page(10, 20)).is_empty());
+        // The first page again, a minute on: 7 is no longer due there and goes; 15 stays.
+        let t1 = t0 + Duration::from_secs(60);
+        assert!(confirmed_due_of(&mut seen, vec![3], t1, hold, page(0, 10)).is_empty());
+        assert!(!seen.contains_key(&7) && seen.contains_key(&15));
+        // The hold after each first sight: 15 on its page, 3 on its own.
+        let t2 = t0 + hold;
+        assert_eq!(
+            confirmed_due_of(&mut seen, vec![15], t2, hold, page(10, 20)),
+            vec![15]
+        );
+        assert_eq!(
+            confirmed_due_of(&mut seen, vec![3], t2, hold, page(0, 10)),
+            vec![3]
+        );
+        // Where the next page starts is kept per partition, and forgotten with it.
+        let due = DueSince::default();
+        due.set_resume(1, Some(10u32));
+        assert_eq!((due.resume_after(1), due.resume_after(2)), (Some(10), None));
+        due.forget(1);
+        assert_eq!(due.resume_after(1), None);
     }
 
     /// A partition forgotten (its leadership lost) counts afresh; the others keep their

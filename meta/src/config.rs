@@ -46,6 +46,11 @@ pub struct StorageConfig {
     /// Most arenas the process's allocator keeps (glibc only; 0: its own default of eight
     /// per core). Set as the node opens.
     pub malloc_arenas: u32,
+    /// Records of one kind (chunks, unlinked files, request records, write sessions) a
+    /// garbage-collection round reads on each partition: bounds a round's work and memory.
+    /// The chunk collector pages through a partition's chunks this many at a time, each
+    /// round after where the last one stopped.
+    pub gc_scan_records: u32,
 }
 
 impl Default for StorageConfig {
@@ -55,6 +60,7 @@ impl Default for StorageConfig {
             cache_bytes: 256 << 20,
             trim_every_ms: 10_000,
             malloc_arenas: 2,
+            gc_scan_records: 50_000,
         }
     }
 }
@@ -315,6 +321,9 @@ impl Config {
         }
         if r.snapshot_after_entries == 0 {
             return Err(invalid("raft.snapshot_after_entries", "must be positive"));
+        }
+        if self.storage.gc_scan_records == 0 {
+            return Err(invalid("storage.gc_scan_records", "must be at least 1"));
         }
         if self.storage.write_buffer_bytes < 2 << 20 {
             return Err(invalid(

@@ -42,8 +42,6 @@ use talon_model::placement::chunk_partition;
 use talon_model::{Attr, ChunkRef, Errno, Ino, Layout, TalonError};
 use tokio_util::sync::CancellationToken;
 
-/// Chunks examined per partition per garbage-collection round.
-const GC_SCAN_LIMIT: usize = 50_000;
 /// How long a request record (`Op::RecordRequest`) is kept (ms): far longer than a client
 /// keeps sending copies of one request (its operation deadline, 30 s by default).
 pub const REQUEST_RECORD_MS: u64 = 5 * 60 * 1000;
@@ -107,6 +105,11 @@ impl<'a> Files<'a> {
 
     fn chunk_size(&self) -> u32 {
         self.node.config.cluster.chunk_size
+    }
+
+    /// Records of one kind a collection round reads per partition.
+    fn scan_limit(&self) -> usize {
+        self.node.config.storage.gc_scan_records as usize
     }
 
     /// A file's attributes, layout and (small) body, from its home partition.
@@ -412,13 +415,27 @@ impl<'a> Files<'a> {
                 self.node.chunks_due.forget(*p);
                 continue;
             }
-            let chunks = match part.store.chunks(GC_SCAN_LIMIT) {
+            // A page of the partition's chunks, after where the last round's stopped: a
+            // partition can hold more chunks than a round reads, and committed chunks stay
+            // listed, so starting at the first every round would never reach the rest.
+            let after = self.node.chunks_due.resume_after(*p);
+            let chunks = match part.store.chunks(after, self.scan_limit()) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(partition = p, "scan chunks: {e}");
                     continue;
                 }
             };
+            // The next page starts after this one, or at the first once this one reached
+            // the end.
+            let upto = if chunks.len() >= self.scan_limit() {
+                chunks.last().map(|&(ino, w, i, _)| (ino, w, i))
+            } else {
+                None
+            };
+            self.node.chunks_due.set_resume(*p, upto);
+            let on_page =
+                |k: &(Ino, u64, u32)| after.is_none_or(|a| *k > a) && upto.is_none_or(|u| *k <= u);
             let mut states: BTreeMap<Ino, Holder> = BTreeMap::new();
             let mut garbage = Vec::new();
             for (ino, write_id, index, at_ms) in chunks {
@@ -460,10 +477,12 @@ impl<'a> Files<'a> {
                     garbage.push((ino, write_id, index));
                 }
             }
-            let garbage = self
-                .node
-                .chunks_due
-                .confirmed(*p, garbage, Duration::from_millis(grace));
+            let garbage = self.node.chunks_due.confirmed_of(
+                *p,
+                garbage,
+                Duration::from_millis(grace),
+                on_page,
+            );
             for batch in garbage.chunks(1000) {
                 let n = batch.len();
                 match part
@@ -491,7 +510,7 @@ impl<'a> Files<'a> {
             if part.leader() != Some(self.node.config.node_id) {
                 continue;
             }
-            let due: Vec<Ino> = match part.store.unlinked(GC_SCAN_LIMIT) {
+            let due: Vec<Ino> = match part.store.unlinked(self.scan_limit()) {
                 Ok(u) => u
                     .into_iter()
                     .filter(|&(_, at)| short || now.saturating_sub(at) >= grace)
@@ -554,7 +573,7 @@ impl<'a> Files<'a> {
                 self.node.requests_due.forget(*p);
                 continue;
             }
-            let due: Vec<u64> = match part.store.requests(GC_SCAN_LIMIT, |at| {
+            let due: Vec<u64> = match part.store.requests(self.scan_limit(), |at| {
                 now.saturating_sub(at) >= REQUEST_RECORD_MS
             }) {
                 Ok(ids) => ids,
@@ -574,7 +593,7 @@ impl<'a> Files<'a> {
             let grace = self.node.config.cluster.chunk_gc_grace_ms;
             let expired = match part
                 .store
-                .write_holds(GC_SCAN_LIMIT, |until| now > until.saturating_add(grace))
+                .write_holds(self.scan_limit(), |until| now > until.saturating_add(grace))
             {
                 Ok(holds) => holds,
                 Err(e) => {

@@ -930,9 +930,23 @@ impl SmStore {
         Ok((out, more))
     }
 
-    /// Chunks held here with their write times: (ino, write id, index, ms), at most `limit`.
-    pub fn chunks(&self, limit: usize) -> Result<Vec<(Ino, u64, u32, u64)>, Fatal> {
-        self.timed_records(keys::tag::CHUNK_TIME, limit, |k, at| {
+    /// Chunks held here with their write times: (ino, write id, index, ms), at most `limit`,
+    /// in key order from the first past `after` (from the first of all without it).
+    pub fn chunks(
+        &self,
+        after: Option<(Ino, u64, u32)>,
+        limit: usize,
+    ) -> Result<Vec<(Ino, u64, u32, u64)>, Fatal> {
+        // The first key past `after`'s is that key with a zero byte appended.
+        let from = after.map_or_else(
+            || vec![keys::tag::CHUNK_TIME],
+            |(ino, w, i)| {
+                let mut k = keys::chunk_time(ino, w, i);
+                k.push(0);
+                k
+            },
+        );
+        self.timed_records_from(keys::tag::CHUNK_TIME, &from, limit, |k, at| {
             keys::chunk_of(k).map(|(ino, w, i)| (ino, w, i, at))
         })
     }
@@ -973,9 +987,20 @@ impl SmStore {
         limit: usize,
         f: impl Fn(&[u8], u64) -> Option<T>,
     ) -> Result<Vec<T>, Fatal> {
+        self.timed_records_from(tag, &[tag], limit, f)
+    }
+
+    /// As [`SmStore::timed_records`], from key `from` (of table `tag`) on.
+    fn timed_records_from<T>(
+        &self,
+        tag: u8,
+        from: &[u8],
+        limit: usize,
+        f: impl Fn(&[u8], u64) -> Option<T>,
+    ) -> Result<Vec<T>, Fatal> {
         let db = self.db();
         let mut it = db.raw_iterator();
-        it.seek([tag]);
+        it.seek(from);
         let mut out = Vec::new();
         while let Some(k) = it.key() {
             if k.first() != Some(&tag) || out.len() >= limit {

@@ -10,6 +10,7 @@ use talon_model::placement::chunk_partition;
 use talon_model::{Errno, Ino, TalonError, ROOT_INO};
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
+use talon_testkit::TestClusterBuilder;
 use tonic::transport::Channel;
 
 const P: u32 = 4;
@@ -46,17 +47,26 @@ async fn fixture_with(
     unlinked_grace_ms: u64,
     snapshot_bytes: Option<u64>,
 ) -> Fx {
-    let mut builder = TestCluster::builder()
+    fixture_tuned(|b| {
+        let b = b
+            .chunk_gc_grace_ms(chunk_grace_ms)
+            .unlinked_grace_ms(unlinked_grace_ms);
+        match snapshot_bytes {
+            Some(bytes) => b.snapshot_after_bytes(bytes),
+            None => b,
+        }
+    })
+    .await
+}
+
+/// The one-node fixture, its builder adjusted by `tune`.
+async fn fixture_tuned(tune: impl FnOnce(TestClusterBuilder) -> TestClusterBuilder) -> Fx {
+    let builder = TestCluster::builder()
         .nodes(1)
         .partitions(P)
         .replication(1)
-        .file_sizes(SMALL, CHUNK)
-        .chunk_gc_grace_ms(chunk_grace_ms)
-        .unlinked_grace_ms(unlinked_grace_ms);
-    if let Some(bytes) = snapshot_bytes {
-        builder = builder.snapshot_after_bytes(bytes);
-    }
-    let cluster = builder.start().await.expect("cluster");
+        .file_sizes(SMALL, CHUNK);
+    let cluster = tune(builder).start().await.expect("cluster");
     let addr = cluster.addrs()[0].clone();
     let c = NamespaceClient::connect(format!("http://{addr}"))
         .await
@@ -574,10 +584,40 @@ async fn a_write_session_holds_its_chunks_while_renewed() {
     fx.cluster.shutdown().await;
 }
 
+/// The chunk collector pages through a partition's chunks: with rounds of four records and
+/// the committed chunks first in each partition's key order, a dead writer's chunks after
+/// them are still found and reclaimed, and the committed ones kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_past_a_rounds_page_are_reclaimed_too() {
+    let mut fx = fixture_tuned(|b| b.chunk_gc_grace_ms(1000).gc_scan_records(4)).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let ino = fx.file("big").await;
+    // 24 committed chunks under write id 1: about six per partition, more than a page.
+    let want = fx.write_chunked(ino, 1, 24).await;
+    // A dead writer's 24, under a write id that sorts after it.
+    for i in 0..24 {
+        fx.put_chunk(ino, u64::MAX >> 1, i, bytes(16, u64::from(i)))
+            .await
+            .expect("put orphan");
+    }
+    assert_eq!(chunk_count(&node), 48);
+    eventually(
+        Duration::from_secs(60),
+        "the dead writer's chunks past the first page reclaimed",
+        || {
+            let n = chunk_count(&node);
+            async move { (n == 24).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(fx.read(ino).await, want);
+    fx.cluster.shutdown().await;
+}
+
 fn chunk_count(node: &talon_meta::node::Node) -> usize {
     node.partitions
         .values()
-        .map(|p| p.store.chunks(1_000_000).expect("scan").len())
+        .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
         .sum()
 }
 

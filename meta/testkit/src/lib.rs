@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use talon_meta::config::{ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig};
+use talon_meta::config::{
+    ClusterConfig, Config, NodeEntry, RaftConfig, SpaceConfig, StorageConfig,
+};
 use talon_meta::server::RunningNode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -35,6 +37,7 @@ pub struct TestClusterBuilder {
     chunk_size: u32,
     chunk_gc_grace_ms: u64,
     unlinked_grace_ms: u64,
+    gc_scan_records: u32,
     raft: RaftConfig,
     lossy_front: bool,
     txn_recovery_after_ms: u64,
@@ -108,6 +111,11 @@ impl TestClusterBuilder {
         self.chunk_gc_grace_ms = ms;
         self
     }
+    /// Records a garbage-collection round reads per partition (the chunk collector's page).
+    pub fn gc_scan_records(mut self, n: u32) -> Self {
+        self.gc_scan_records = n;
+        self
+    }
     /// How long an unlinked file stays readable by inode before it is reclaimed.
     pub fn unlinked_grace_ms(mut self, ms: u64) -> Self {
         self.unlinked_grace_ms = ms;
@@ -179,6 +187,7 @@ impl TestClusterBuilder {
             c.cluster.chunk_size = self.chunk_size;
             c.cluster.chunk_gc_grace_ms = self.chunk_gc_grace_ms;
             c.cluster.unlinked_grace_ms = self.unlinked_grace_ms;
+            c.storage.gc_scan_records = self.gc_scan_records;
             c.raft = self.raft.clone();
             c.raft.txn_recovery_after_ms = self.txn_recovery_after_ms;
             let running = RunningNode::start(c.clone(), listener).await?;
@@ -217,6 +226,7 @@ impl TestCluster {
             chunk_size: 4 << 20,
             chunk_gc_grace_ms: 10 * 60 * 1000,
             unlinked_grace_ms: ClusterConfig::default().unlinked_grace_ms,
+            gc_scan_records: StorageConfig::default().gc_scan_records,
             raft: RaftConfig {
                 heartbeat_ms: 100,
                 election_timeout_min_ms: 500,
