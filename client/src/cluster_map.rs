@@ -62,6 +62,9 @@ pub struct ClusterMap {
     pub small_file_max: u32,
     /// Chunk size of newly chunked files.
     pub chunk_size: u32,
+    /// How old a chunk no layout names grows before the servers reclaim it, unless a held
+    /// write session holds it (zero when the servers did not say).
+    pub chunk_gc_grace: Duration,
 }
 
 impl ClusterMap {

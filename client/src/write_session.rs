@@ -8,15 +8,19 @@
 //! carries the session's id in its high bits (`write_id >> SESSION_SHIFT`), and the collector
 //! keeps the chunks of a held session however old they are.
 //!
-//! The session is started in the background with the first chunk stored (the chunk cannot
-//! be collected before it is a grace old, and the commit waits for the start), renewed every
-//! third of the lease the server answers, and ended when the writer drops it, which makes
-//! its uncommitted chunks garbage at once. A commit names its session: the server applies it
-//! only while the session is held. A writer cut off for longer than its lease (the session
-//! expired, and its chunks may be gone) is refused at its commit with EIO, loudly, instead
-//! of committing a layout that names missing chunks.
+//! The session is started in the background a quarter of the servers' grace after the first
+//! chunk is stored (no chunk can be collected before it is a whole grace old), so a writer
+//! that commits sooner, as nearly every one does, never pays for it; it is then renewed
+//! every third of the lease the server answers, and ended when the writer drops it, which
+//! makes its uncommitted chunks garbage at once. A commit names its session once it has
+//! been asked for (and waits for the answer): the server applies the commit only while the
+//! session is held. A writer cut off for longer than its lease (the session expired, and its
+//! chunks may be gone) is refused at its commit with EIO, loudly, instead of committing a
+//! layout that names missing chunks.
 
 use crate::client::Client;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use talon_model::{Errno, Ino, TalonError};
 use tokio::sync::watch;
@@ -44,21 +48,27 @@ pub(crate) struct WriteSession {
     id: u64,
     /// Write ids handed out (the low `SESSION_SHIFT` bits of each).
     stores: u64,
+    /// Whether the keeper has asked for the session yet.
+    asked: Arc<AtomicBool>,
     state: watch::Receiver<Standing>,
     keeper: JoinHandle<()>,
 }
 
 impl WriteSession {
-    /// Starts holding a new session on `ino` in the background (needs a tokio runtime).
+    /// A new session on `ino`, for chunks about to be stored: held in the background from a
+    /// quarter of the servers' grace on (needs a tokio runtime).
     pub(crate) fn start(client: &Client, ino: Ino) -> WriteSession {
         let id = (rand::random::<u64>() >> SESSION_SHIFT).max(1);
         let (tx, state) = watch::channel(Standing::Starting);
-        let keeper = tokio::spawn(keep(client.clone(), ino, id, tx));
+        let asked = Arc::new(AtomicBool::new(false));
+        let delay = client.cluster_map().chunk_gc_grace / 4;
+        let keeper = tokio::spawn(keep(client.clone(), ino, id, delay, asked.clone(), tx));
         WriteSession {
             client: client.clone(),
             ino,
             id,
             stores: 0,
+            asked,
             state,
             keeper,
         }
@@ -76,9 +86,13 @@ impl WriteSession {
         Ok(self.id << SESSION_SHIFT | self.stores)
     }
 
-    /// Waits until the session is held and answers its id, for a commit; or the error that
+    /// The session a commit names: 0 while it has not been asked for (every chunk stored is
+    /// younger than a quarter of the grace), else its id once it is held; or the error that
     /// lost it.
     pub(crate) async fn held(&mut self) -> Result<u64, TalonError> {
+        if !self.asked.load(Ordering::Acquire) {
+            return Ok(0);
+        }
         let state = self
             .state
             .wait_for(|s| !matches!(s, Standing::Starting))
@@ -94,6 +108,9 @@ impl WriteSession {
 impl Drop for WriteSession {
     fn drop(&mut self) {
         self.keeper.abort();
+        if !self.asked.load(Ordering::Acquire) {
+            return;
+        }
         // Ended in the background: the writer is done (it committed, or gave up), and the
         // session's uncommitted chunks are garbage. Without a runtime, it expires instead.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -107,9 +124,18 @@ impl Drop for WriteSession {
     }
 }
 
-/// Starts session `id` on `ino`, then renews it every third of its lease until aborted or
-/// refused; reports where it stands through `tx`.
-async fn keep(client: Client, ino: Ino, id: u64, tx: watch::Sender<Standing>) {
+/// Starts session `id` on `ino` after `delay`, then renews it every third of its lease until
+/// aborted or refused; reports where it stands through `tx`.
+async fn keep(
+    client: Client,
+    ino: Ino,
+    id: u64,
+    delay: Duration,
+    asked: Arc<AtomicBool>,
+    tx: watch::Sender<Standing>,
+) {
+    tokio::time::sleep(delay).await;
+    asked.store(true, Ordering::Release);
     let mut renew = false;
     let mut lease = Duration::from_secs(60);
     loop {

@@ -154,6 +154,7 @@ impl Api {
             max_batch: c.max_batch,
             small_file_max: c.small_file_max,
             chunk_size: c.chunk_size,
+            chunk_gc_grace_ms: c.chunk_gc_grace_ms,
         }
     }
 }

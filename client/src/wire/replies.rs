@@ -245,6 +245,7 @@ impl TryFrom<pb::ClusterMap> for ClusterMap {
             max_batch: or_default(m.max_batch, DEFAULT_MAX_BATCH),
             small_file_max: or_default(m.small_file_max, DEFAULT_SMALL_FILE_MAX),
             chunk_size: or_default(m.chunk_size, DEFAULT_CHUNK_SIZE),
+            chunk_gc_grace: Duration::from_millis(m.chunk_gc_grace_ms),
         }
         .validated()
     }
@@ -282,6 +283,7 @@ mod tests {
             max_batch: 0,
             small_file_max: 0,
             chunk_size: 1 << 16,
+            chunk_gc_grace_ms: 0,
         }
     }
 
