@@ -118,13 +118,7 @@ impl<K: Copy + Eq + Hash> DueSince<K> {
     /// Of the items `due` on `partition` now, those found due there for at least `hold`
     /// (see [`confirmed_due`]).
     pub fn confirmed(&self, partition: u32, due: Vec<K>, hold: Duration) -> Vec<K> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        confirmed_due(
-            seen.entry(partition).or_default(),
-            due,
-            Instant::now(),
-            hold,
-        )
+        self.confirmed_of(partition, due, hold, |_| true)
     }
 
     /// As [`DueSince::confirmed`], for a round that looked at some of the partition's items
