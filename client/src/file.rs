@@ -13,10 +13,11 @@
 //!   `write_id`, at most [`MAX_UPLOADS`] at once, and at most [`MAX_DIRTY`] dirty chunks are
 //!   kept, so a sequential write of any size needs bounded memory. A commit stores the
 //!   remaining dirty chunks and sends one `CommitLayout` naming every chunk. The write ids
-//!   are those of a write session the File holds on the file's home from its first chunk
-//!   until it is dropped (`write_session`), so chunks stored long before the commit are
-//!   not taken for a dead writer's; a File cut off from the servers for longer than the
-//!   session's lease fails its commit with EIO rather than name chunks that may be gone.
+//!   are those of a write session the File holds on the file's home from a quarter of the
+//!   servers' chunk grace after its first chunk until it is dropped (`write_session`), so
+//!   chunks stored long before the commit are not taken for a dead writer's; a File cut
+//!   off from the servers for longer than the session's lease fails its commit with EIO
+//!   rather than name chunks that may be gone.
 //!
 //! A small file that grows past `small_file_max` becomes chunked (its body becomes the first
 //! chunk(s)); a chunked file stays chunked, except that truncating it to zero bytes lets it
@@ -172,7 +173,8 @@ struct Core {
     changed: bool,
     small_max: u64,
     new_chunk_size: u64,
-    /// Holds the chunks this File stored until it commits them; started with the first.
+    /// Holds the chunks this File stored until it commits them: made with the first chunk,
+    /// held from a quarter of the servers' grace on.
     session: Option<WriteSession>,
 }
 
