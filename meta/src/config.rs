@@ -88,8 +88,10 @@ pub struct ClusterConfig {
     /// Chunk size of larger files.
     pub chunk_size: u32,
     /// Chunks no committed layout names are reclaimed once older than this (ms), and seen
-    /// so by the collecting leader for this long again: long enough for a slow writer to
-    /// commit.
+    /// so by the collecting leader for this long again, unless a write session holds them:
+    /// a writer still writing a quarter of this after its first chunk holds one, renewed
+    /// every third of this, so this is also how long a writer cut off from the servers
+    /// keeps its session.
     pub chunk_gc_grace_ms: u64,
     /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
     /// for this long (ms), so a reader that looked the name up just before still opens and
