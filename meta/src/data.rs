@@ -33,7 +33,7 @@ use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
 use crate::reads::{read_stored, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
-use crate::types::{Command, CommandResult, Op};
+use crate::types::{Command, CommandResult, Op, Outcome};
 use crate::view::View;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -232,13 +232,7 @@ impl<'a> Files<'a> {
             data,
             at_ms: crate::clock::now().as_millis(),
         }];
-        match part.propose(Command::Atomic(ops)).await? {
-            CommandResult::Applied(_) => Ok(()),
-            CommandResult::Failed(e) => Err(e.into()),
-            other => Err(TalonError::Unavailable(format!(
-                "unexpected result {other:?}"
-            ))),
-        }
+        applied(part.propose(Command::Atomic(ops)).await?).map(|_| ())
     }
 
     /// Reads `length` bytes at `offset` of a chunk, verifying the chunk's checksum.
@@ -326,13 +320,8 @@ impl<'a> Files<'a> {
         } else {
             self.hold_op(ino, session, renew)
         };
-        match part.propose(Command::Atomic(vec![op])).await? {
-            CommandResult::Applied(_) => Ok(self.node.config.cluster.chunk_gc_grace_ms),
-            CommandResult::Failed(e) => Err(e.into()),
-            other => Err(TalonError::Unavailable(format!(
-                "unexpected result {other:?}"
-            ))),
-        }
+        applied(part.propose(Command::Atomic(vec![op])).await?)?;
+        Ok(self.node.config.cluster.chunk_gc_grace_ms)
     }
 
     /// The op that holds write session `session` of `ino` for the collector's grace from now.
@@ -588,9 +577,19 @@ impl<'a> Files<'a> {
                     .confirmed(*p, due, Duration::from_millis(REQUEST_RECORD_MS));
             let what = "forgetting request records";
             propose_in_batches(*p, due, Op::ForgetRequests, |c| part.propose(c), what).await;
-            // Write sessions whose writers stopped renewing them a grace ago: they are
-            // refused whether their record is there or not, and their chunks are garbage.
-            let grace = self.node.config.cluster.chunk_gc_grace_ms;
+        }
+    }
+
+    /// One round of forgetting the write sessions whose writers stopped renewing them a
+    /// grace ago, on the partitions this node leads: they are refused whether their record
+    /// is there or not, and their chunks are garbage.
+    pub async fn collect_write_holds(&self) {
+        let now = crate::clock::now().as_millis();
+        let grace = self.node.config.cluster.chunk_gc_grace_ms;
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
+                continue;
+            }
             let expired = match part
                 .store
                 .write_holds(self.scan_limit(), |until| now > until.saturating_add(grace))
@@ -731,17 +730,23 @@ enum Holder {
     },
 }
 
-fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {
+/// What an applied command changed; its refusal as the caller's error.
+fn applied(res: CommandResult) -> Result<Outcome, TalonError> {
     match res {
-        CommandResult::Applied(o) => o
-            .attr(ino)
-            .cloned()
-            .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}"))),
+        CommandResult::Applied(o) => Ok(o),
         CommandResult::Failed(e) => Err(e.into()),
         other => Err(TalonError::Unavailable(format!(
             "unexpected result {other:?}"
         ))),
     }
+}
+
+/// The attributes of `ino` after an applied command.
+fn applied_attr(res: CommandResult, ino: Ino) -> Result<Attr, TalonError> {
+    applied(res)?
+        .attr(ino)
+        .cloned()
+        .ok_or_else(|| posix(Errno::ENOENT, format!("no inode {ino}")))
 }
 
 /// Background garbage collection and compaction; stops on `cancel`. Each collector runs
@@ -764,6 +769,7 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 let round = async {
                     files.collect_unlinked().await;
                     files.collect_requests().await;
+                    files.collect_write_holds().await;
                     if tokio::time::Instant::now() >= chunks_due {
                         files.collect_chunks().await;
                         chunks_due = tokio::time::Instant::now() + chunk_period;
