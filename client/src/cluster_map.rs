@@ -63,7 +63,7 @@ pub struct ClusterMap {
     /// Chunk size of newly chunked files.
     pub chunk_size: u32,
     /// How old a chunk no layout names grows before the servers reclaim it, unless a held
-    /// write session holds it (zero when the servers did not say).
+    /// open session holds it (zero when the servers did not say).
     pub chunk_gc_grace: Duration,
 }
 

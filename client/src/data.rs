@@ -6,7 +6,7 @@
 //! (fixed-size chunks, chunk `i` on `chunk_partition(ino, i, P)`). The contents change only
 //! when a `WriteSmall` or `CommitLayout` is applied, so a reader sees the old file or the new
 //! one, never a mix; chunks are stored first, each under a fresh `write_id` of the writer's
-//! write session (`write_session`), and are invisible until the layout naming them commits.
+//! open session (`open_session`), and are invisible until the layout naming them commits.
 //!
 //! - Reading a small file by path is one RPC on a warm path cache: `ReadWhole` to the
 //!   entry's partition answers with the body. A chunked file's `ReadWhole` answers with the
@@ -24,13 +24,13 @@
 //! tools on a local file system (see `file` for what that means for concurrent writers).
 
 use crate::client::{read_kind, Client};
+use crate::open_session::OpenSession;
 use crate::path::{self, Components};
 use crate::paths::split_last;
 use crate::router::ReadKind;
 use crate::settle::Scope;
 use crate::wire::replies;
 use crate::wire::requests::{self, Header};
-use crate::write_session::WriteSession;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use talon_model::placement::{chunk_partition, entry_partition};
 use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
@@ -249,14 +249,14 @@ impl Client {
     }
 
     /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long; with
-    /// a `write_session` (nonzero), only while that session is held.
+    /// a `open_session` (nonzero), only while that session is held.
     pub(crate) async fn rpc_commit_layout(
         &self,
         ino: Ino,
         size: u64,
         chunk_size: u32,
         chunks: &[ChunkRef],
-        write_session: u64,
+        open_session: u64,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
@@ -268,7 +268,7 @@ impl Client {
                     chunk_size,
                     chunks,
                     ANY_GENERATION,
-                    write_session,
+                    open_session,
                 );
                 self.call(p, ReadKind::Write, move |mut c| {
                     let req = req.clone();
@@ -281,9 +281,9 @@ impl Client {
         Ok(attr)
     }
 
-    /// `HoldWrite`: starts (`renew` false), renews or ends (`end`) write session `session`
+    /// `HoldOpen`: starts (`renew` false), renews or ends (`end`) open session `session`
     /// of `ino` at its home; answers within how many ms to renew it.
-    pub(crate) async fn rpc_hold_write(
+    pub(crate) async fn rpc_hold_open(
         &self,
         ino: Ino,
         session: u64,
@@ -291,11 +291,10 @@ impl Client {
         end: bool,
     ) -> Result<u64, TalonError> {
         let p = ino.home();
-        let req =
-            requests::hold_write(Header::new(p, ReadKind::Write, 0), ino, session, renew, end);
+        let req = requests::hold_open(Header::new(p, ReadKind::Write, 0), ino, session, renew, end);
         let reply = self
             .call(p, ReadKind::Write, move |mut c| async move {
-                c.hold_write(req).await
+                c.hold_open(req).await
             })
             .await?;
         Ok(reply.lease_ms)
@@ -473,9 +472,9 @@ impl Client {
             return self.rpc_write_small(ino, data).await;
         }
         let cs = chunk_size as usize;
-        // The chunks are held by a write session until the commit names them, however long
+        // The chunks are held by an open session until the commit names them, however long
         // storing them takes; it ends when dropped here.
-        let mut session = WriteSession::start(self, ino);
+        let mut session = OpenSession::start(self, ino);
         let ids = (0..data.len().div_ceil(cs))
             .map(|_| session.write_id())
             .collect::<Result<Vec<u64>, TalonError>>()?;

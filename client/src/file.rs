@@ -13,8 +13,8 @@
 //!   `write_id`, at most [`MAX_UPLOADS`] at once, and at most [`MAX_DIRTY`] dirty chunks are
 //!   kept, so a sequential write of any size needs bounded memory. A commit stores the
 //!   remaining dirty chunks and sends one `CommitLayout` naming every chunk. The write ids
-//!   are those of a write session the File holds on the file's home from a quarter of the
-//!   servers' chunk grace after its first chunk until it is dropped (`write_session`), so
+//!   are those of an open session the File holds on the file's home from a quarter of the
+//!   servers' chunk grace after its first chunk until it is dropped (`open_session`), so
 //!   chunks stored long before the commit are not taken for a dead writer's; a File cut
 //!   off from the servers for longer than the session's lease fails its commit with EIO
 //!   rather than name chunks that may be gone.
@@ -43,10 +43,10 @@
 
 use crate::client::Client;
 use crate::data::{data_error, pieces, Opened};
+use crate::open_session::OpenSession;
 use crate::path;
 use crate::router::ReadKind;
 use crate::types::CreateSpec;
-use crate::write_session::WriteSession;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -175,7 +175,7 @@ struct Core {
     new_chunk_size: u64,
     /// Holds the chunks this File stored until it commits them: made with the first chunk,
     /// held from a quarter of the servers' grace on.
-    session: Option<WriteSession>,
+    session: Option<OpenSession>,
 }
 
 fn bad_fd(what: &str, op: &str) -> TalonError {
@@ -504,7 +504,7 @@ impl Chunks {
         client: &Client,
         ino: Ino,
         index: u32,
-        session: &mut Option<WriteSession>,
+        session: &mut Option<OpenSession>,
     ) -> Result<(), TalonError> {
         let Some(data) = self.dirty.remove(&index) else {
             return Ok(());
@@ -523,7 +523,7 @@ impl Chunks {
             return Ok(());
         }
         let write_id = match session
-            .get_or_insert_with(|| WriteSession::start(client, ino))
+            .get_or_insert_with(|| OpenSession::start(client, ino))
             .write_id()
         {
             Ok(id) => id,

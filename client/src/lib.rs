@@ -28,6 +28,7 @@ pub mod error;
 pub mod file;
 pub mod fuse;
 pub mod import;
+pub(crate) mod open_session;
 pub mod options;
 pub mod path;
 pub mod path_cache;
@@ -40,7 +41,6 @@ pub mod types;
 #[cfg(feature = "server")]
 pub mod up;
 pub(crate) mod wire;
-pub(crate) mod write_session;
 
 pub use client::Client;
 pub use cluster_map::{ClusterMap, NodeInfo, PartitionInfo};

@@ -233,7 +233,7 @@ rpcs! {
     put_chunk(PutChunkRequest) -> Empty;
     get_chunk(GetChunkRequest) -> GetChunkReply;
     commit_layout(CommitLayoutRequest) -> AttrReply;
-    hold_write(HoldWriteRequest) -> HoldWriteReply;
+    hold_open(HoldOpenRequest) -> HoldOpenReply;
 }
 
 bundled_rpcs! {

@@ -79,7 +79,7 @@ async fn one_gib_streams_in_and_out() {
 
 /// A writer that keeps a large file open for longer than the servers' chunk grace (here 1 s,
 /// ten minutes by default: a checkpoint of hundreds of GB, or a log kept open for a whole
-/// run) keeps the chunks it stored early: its write session holds them until it commits.
+/// run) keeps the chunks it stored early: its open session holds them until it commits.
 /// Before sessions, the collector took them as a dead writer's, the commit named chunks no
 /// longer there, and the file read EIO after a close that had succeeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

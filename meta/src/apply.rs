@@ -55,8 +55,8 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::DropChunks(_)
             | Op::ReclaimUnlinked(_)
             | Op::ForgetRequests(_)
-            | Op::HoldWrite { .. }
-            | Op::EndWrites(_)
+            | Op::HoldOpen { .. }
+            | Op::EndOpens(_)
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -401,9 +401,9 @@ impl Applier {
                 | Op::DropChunks(_)
                 | Op::ReclaimUnlinked(_)
                 | Op::ForgetRequests(_)
-                | Op::EndWrites(_)
+                | Op::EndOpens(_)
                 | Op::TouchDir { .. } => {}
-                Op::HoldWrite {
+                Op::HoldOpen {
                     ino,
                     session,
                     renew,
@@ -413,12 +413,12 @@ impl Applier {
                     if v.inode(*ino)?.is_none() {
                         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
                     }
-                    let until = v.write_hold(*ino, *session)?;
+                    let until = v.open_hold(*ino, *session)?;
                     if *renew && until.is_none_or(|u| u < *now_ms) {
                         return Ok(Err(posix(
                             Errno::EIO,
                             format!(
-                                "the write session {session:x} of inode {ino} expired (not renewed \
+                                "the open session {session:x} of inode {ino} expired (not renewed \
                                  within its lease): chunks it stored may be gone"
                             ),
                         )));
@@ -706,18 +706,18 @@ impl Applier {
                         }
                     }
                 }
-                Op::HoldWrite {
+                Op::HoldOpen {
                     ino,
                     session,
                     until_ms,
                     ..
                 } => v.put(
-                    keys::write_hold(*ino, *session),
+                    keys::open_hold(*ino, *session),
                     until_ms.to_le_bytes().to_vec(),
                 ),
-                Op::EndWrites(holds) => {
+                Op::EndOpens(holds) => {
                     for (ino, session) in holds {
-                        v.del(keys::write_hold(*ino, *session));
+                        v.del(keys::open_hold(*ino, *session));
                     }
                 }
                 Op::ExpectEpoch(_)
@@ -762,7 +762,7 @@ impl Applier {
     }
 
     fn drop_inode(&self, v: &mut View<'_>, ino: Ino) -> Result<(), Fatal> {
-        for prefix in [keys::xattr_prefix(ino), keys::write_hold_prefix(ino)] {
+        for prefix in [keys::xattr_prefix(ino), keys::open_hold_prefix(ino)] {
             for k in v.keys_with_prefix(&prefix)? {
                 v.del(k);
             }

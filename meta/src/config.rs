@@ -46,7 +46,7 @@ pub struct StorageConfig {
     /// Most arenas the process's allocator keeps (glibc only; 0: its own default of eight
     /// per core). Set as the node opens.
     pub malloc_arenas: u32,
-    /// Records of one kind (chunks, unlinked files, request records, write sessions) a
+    /// Records of one kind (chunks, unlinked files, request records, open sessions) a
     /// garbage-collection round reads on each partition: bounds a round's work and memory.
     /// The chunk collector pages through a partition's chunks this many at a time, each
     /// round after where the last one stopped.
@@ -88,7 +88,7 @@ pub struct ClusterConfig {
     /// Chunk size of larger files.
     pub chunk_size: u32,
     /// Chunks no committed layout names are reclaimed once older than this (ms), and seen
-    /// so by the collecting leader for this long again, unless a write session holds them:
+    /// so by the collecting leader for this long again, unless an open session holds them:
     /// a writer still writing a quarter of this after its first chunk holds one, renewed
     /// every third of this, so this is also how long a writer cut off from the servers
     /// keeps its session.

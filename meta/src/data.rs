@@ -12,8 +12,8 @@
 //!   and that are older than `chunk_gc_grace_ms` are dropped by the leader's garbage
 //!   collector (writers that died, overwritten generations), once the leader has also
 //!   seen them so for that grace on its own monotonic clock, so that no clock's jump
-//!   shortens it. A writer slower than that grace holds a write session on the file's home
-//!   (`H` ‖ ino ‖ session, renewed within the grace; see `Files::hold_write`): chunks whose
+//!   shortens it. A writer slower than that grace holds an open session on the file's home
+//!   (`H` ‖ ino ‖ session, renewed within the grace; see `Files::hold_open`): chunks whose
 //!   write id carries a held session stay, and a commit by a writer whose session expired
 //!   is refused (EIO) rather than naming chunks that may be gone.
 //! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
@@ -297,11 +297,11 @@ impl<'a> Files<'a> {
         })
     }
 
-    /// Starts (`renew` false), renews or ends (`end`) write session `session` of `ino` on its
+    /// Starts (`renew` false), renews or ends (`end`) open session `session` of `ino` on its
     /// home partition `p`, and answers for how long (ms) it is held: the chunk collector's
     /// grace. Chunks whose write id carries a held session stay however old they grow; a
     /// renewal of a session that expired is refused (EIO).
-    pub async fn hold_write(
+    pub async fn hold_open(
         &self,
         p: u32,
         ino: Ino,
@@ -312,11 +312,11 @@ impl<'a> Files<'a> {
         let part = self.node.home_part(p, ino)?;
         if session == 0 || session >> (64 - keys::SESSION_SHIFT) != 0 {
             return Err(TalonError::Invalid(format!(
-                "write session {session:#x}: must be nonzero and below 2^40"
+                "open session {session:#x}: must be nonzero and below 2^40"
             )));
         }
         let op = if end {
-            Op::EndWrites(vec![(ino, session)])
+            Op::EndOpens(vec![(ino, session)])
         } else {
             self.hold_op(ino, session, renew)
         };
@@ -324,10 +324,10 @@ impl<'a> Files<'a> {
         Ok(self.node.config.cluster.chunk_gc_grace_ms)
     }
 
-    /// The op that holds write session `session` of `ino` for the collector's grace from now.
+    /// The op that holds open session `session` of `ino` for the collector's grace from now.
     fn hold_op(&self, ino: Ino, session: u64, renew: bool) -> Op {
         let now_ms = crate::clock::now().as_millis();
-        Op::HoldWrite {
+        Op::HoldOpen {
             ino,
             session,
             renew,
@@ -336,7 +336,7 @@ impl<'a> Files<'a> {
         }
     }
 
-    /// Makes a chunked layout the file's contents. A writer that holds write session
+    /// Makes a chunked layout the file's contents. A writer that holds open session
     /// `session` (nonzero) commits only while the session is held, and renews it.
     #[allow(clippy::too_many_arguments)]
     pub async fn commit_layout(
@@ -580,10 +580,10 @@ impl<'a> Files<'a> {
         }
     }
 
-    /// One round of forgetting the write sessions whose writers stopped renewing them a
+    /// One round of forgetting the open sessions whose writers stopped renewing them a
     /// grace ago, on the partitions this node leads: they are refused whether their record
     /// is there or not, and their chunks are garbage.
-    pub async fn collect_write_holds(&self) {
+    pub async fn collect_open_holds(&self) {
         let now = crate::clock::now().as_millis();
         let grace = self.node.config.cluster.chunk_gc_grace_ms;
         for (p, part) in &self.node.partitions {
@@ -592,16 +592,16 @@ impl<'a> Files<'a> {
             }
             let expired = match part
                 .store
-                .write_holds(self.scan_limit(), |until| now > until.saturating_add(grace))
+                .open_holds(self.scan_limit(), |until| now > until.saturating_add(grace))
             {
                 Ok(holds) => holds,
                 Err(e) => {
-                    tracing::error!(partition = p, "scan write sessions: {e}");
+                    tracing::error!(partition = p, "scan open sessions: {e}");
                     continue;
                 }
             };
-            let what = "forgetting expired write sessions";
-            propose_in_batches(*p, expired, Op::EndWrites, |c| part.propose(c), what).await;
+            let what = "forgetting expired open sessions";
+            propose_in_batches(*p, expired, Op::EndOpens, |c| part.propose(c), what).await;
         }
     }
 
@@ -723,7 +723,7 @@ enum Holder {
     /// The home partition could not be asked this round.
     Unknown,
     /// Chunks `named` by the file's layout (none when the inode is gone or no longer
-    /// chunked) are live, and so are those of a write session `held` past this round.
+    /// chunked) are live, and so are those of an open session `held` past this round.
     Known {
         named: Vec<ChunkRef>,
         held: Vec<u64>,
@@ -769,7 +769,7 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 let round = async {
                     files.collect_unlinked().await;
                     files.collect_requests().await;
-                    files.collect_write_holds().await;
+                    files.collect_open_holds().await;
                     if tokio::time::Instant::now() >= chunks_due {
                         files.collect_chunks().await;
                         chunks_due = tokio::time::Instant::now() + chunk_period;

@@ -19,7 +19,7 @@
 //! | `W` | ino ‖ write id ‖ idx | when the chunk was written (u64 ms)      |
 //! | `U` | ino                  | when the file lost its last name (u64 ms)|
 //! | `R` | request id           | `RequestRec`: a rename, remove or link applied (ms, ino) |
-//! | `H` | ino ‖ session        | a write session held until then (u64 ms) |
+//! | `H` | ino ‖ session        | an open session held until then (u64 ms) |
 //! | `M` | name                 | partition metadata (applied, epoch, ...) |
 //!
 //! Lock keys (`L` ‖ k) name the key they protect: a dentry or inode key, `F` ‖ dir for an
@@ -59,27 +59,27 @@ pub mod tag {
     /// Renames, removes and links applied, by their client's request id, so a request sent
     /// again after a lost answer is answered as done instead of being applied twice.
     pub const REQUEST: u8 = b'R';
-    /// Write sessions held on files, with the time (ms) until which each is held.
+    /// Open sessions held on files, with the time (ms) until which each is held.
     pub const WRITE_HOLD: u8 = b'H';
 }
 
-/// Bits of a chunk's write id below its write session (`write_id >> SESSION_SHIFT`).
+/// Bits of a chunk's write id below its open session (`write_id >> SESSION_SHIFT`).
 pub const SESSION_SHIFT: u32 = 24;
 
-/// Key of a write session held on `ino`.
-pub fn write_hold(ino: Ino, session: u64) -> Vec<u8> {
+/// Key of an open session held on `ino`.
+pub fn open_hold(ino: Ino, session: u64) -> Vec<u8> {
     let mut k = with_ino(tag::WRITE_HOLD, ino);
     k.extend_from_slice(&session.to_be_bytes());
     k
 }
 
-/// The prefix of every write session held on `ino`.
-pub fn write_hold_prefix(ino: Ino) -> Vec<u8> {
+/// The prefix of every open session held on `ino`.
+pub fn open_hold_prefix(ino: Ino) -> Vec<u8> {
     with_ino(tag::WRITE_HOLD, ino)
 }
 
-/// Decodes a write session's key into (ino, session).
-pub fn write_hold_of(key: &[u8]) -> Option<(Ino, u64)> {
+/// Decodes an open session's key into (ino, session).
+pub fn open_hold_of(key: &[u8]) -> Option<(Ino, u64)> {
     let ino = ino_at(key, 1)?;
     let b: [u8; 8] = key.get(9..17)?.try_into().ok()?;
     Some((ino, u64::from_be_bytes(b)))

@@ -59,7 +59,7 @@ pub enum PeerRequest {
     /// relaxed reads (`Partition::answer_for_follower`); answered `Applied(None)` by a
     /// replica that does not lead.
     LeaderApplied,
-    /// What keeps a file's chunks: its inode record and the write sessions held on it,
+    /// What keeps a file's chunks: its inode record and the open sessions held on it,
     /// read linearizably at its home (the chunk collector's question).
     ChunkHolder(Ino),
 }
@@ -81,7 +81,7 @@ pub enum PeerReply {
     DirAttr(Option<Attr>),
     /// The answer to `LeaderApplied`.
     Applied(Option<u64>),
-    /// The answer to `ChunkHolder`: the inode, if it exists, and its write sessions
+    /// The answer to `ChunkHolder`: the inode, if it exists, and its open sessions
     /// (session, held until in ms).
     ChunkHolder(Option<crate::records::InodeRec>, Vec<(u64, u64)>),
 }
@@ -528,7 +528,7 @@ impl Node {
                 part.linearizable().await?;
                 let (rec, holds) = part
                     .store
-                    .read(|v| Ok((v.inode(ino)?, v.write_holds(ino)?)))
+                    .read(|v| Ok((v.inode(ino)?, v.open_holds(ino)?)))
                     .map_err(storage_error)?;
                 Ok(PeerReply::ChunkHolder(rec, holds))
             }

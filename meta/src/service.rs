@@ -547,7 +547,7 @@ impl NamespaceSvc for Api {
                 r.size,
                 layout,
                 r.expect_generation,
-                r.write_session,
+                r.open_session,
             )
             .await?;
         Ok(Response::new(pb::AttrReply {
@@ -555,7 +555,7 @@ impl NamespaceSvc for Api {
         }))
     }
 
-    async fn hold_write(&self, r: Request<pb::HoldWriteRequest>) -> Res<pb::HoldWriteReply> {
+    async fn hold_open(&self, r: Request<pb::HoldOpenRequest>) -> Res<pb::HoldOpenReply> {
         let r = r.into_inner();
         let h = header(r.header);
         // Only a new session waits for room: renewing or ending one protects, or frees,
@@ -564,9 +564,9 @@ impl NamespaceSvc for Api {
             self.node.room_for(h.partition, 0)?;
         }
         let lease_ms = Files::new(&self.node)
-            .hold_write(h.partition, Ino(r.ino), r.session, r.renew, r.end)
+            .hold_open(h.partition, Ino(r.ino), r.session, r.renew, r.end)
             .await?;
-        Ok(Response::new(pb::HoldWriteReply { lease_ms }))
+        Ok(Response::new(pb::HoldOpenReply { lease_ms }))
     }
 
     async fn batch(&self, r: Request<pb::BatchRequest>) -> Res<pb::BatchReply> {

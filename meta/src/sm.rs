@@ -967,15 +967,15 @@ impl SmStore {
         })
     }
 
-    /// Write sessions held until a time (ms) for which `due` holds: (ino, session), at most
+    /// Open sessions held until a time (ms) for which `due` holds: (ino, session), at most
     /// `limit`.
-    pub fn write_holds(
+    pub fn open_holds(
         &self,
         limit: usize,
         due: impl Fn(u64) -> bool,
     ) -> Result<Vec<(Ino, u64)>, Fatal> {
         self.timed_records(keys::tag::WRITE_HOLD, limit, |k, until| {
-            keys::write_hold_of(k).filter(|_| due(until))
+            keys::open_hold_of(k).filter(|_| due(until))
         })
     }
 

@@ -267,11 +267,11 @@ pub enum Op {
     },
     /// Forget request records older than any client still waits for (garbage collection).
     ForgetRequests(Vec<u64>),
-    /// Start (`renew` false) or renew a write session of a file until `until_ms` (leader
+    /// Start (`renew` false) or renew an open session of a file until `until_ms` (leader
     /// wall clock): chunks whose write id carries the session are kept from the collector
     /// while it is held. A renewal is refused (EIO) once the session expired by `now_ms`
     /// or when it is unknown, so a writer cut off for longer than its lease fails loudly.
-    HoldWrite {
+    HoldOpen {
         /// The file.
         ino: Ino,
         /// The session (`write_id >> 24` of its chunks).
@@ -283,8 +283,8 @@ pub enum Op {
         /// Held until then (ms).
         until_ms: u64,
     },
-    /// End write sessions (a writer done with its file, or sessions long expired).
-    EndWrites(Vec<(Ino, u64)>),
+    /// End open sessions (a writer done with its file, or sessions long expired).
+    EndOpens(Vec<(Ino, u64)>),
 }
 
 /// A command in a partition's Raft log.

@@ -82,18 +82,18 @@ impl<'a> View<'a> {
         Ok(found)
     }
 
-    /// Until when (ms) write session `session` of `ino` is held, if it is recorded.
-    pub fn write_hold(&self, ino: Ino, session: u64) -> Result<Option<u64>, Fatal> {
+    /// Until when (ms) open session `session` of `ino` is held, if it is recorded.
+    pub fn open_hold(&self, ino: Ino, session: u64) -> Result<Option<u64>, Fatal> {
         Ok(self
-            .get(&keys::write_hold(ino, session))?
+            .get(&keys::open_hold(ino, session))?
             .map(|b| hold_until(&b)))
     }
 
-    /// The write sessions recorded on `ino`: (session, held until in ms).
-    pub fn write_holds(&self, ino: Ino) -> Result<Vec<(u64, u64)>, Fatal> {
+    /// The open sessions recorded on `ino`: (session, held until in ms).
+    pub fn open_holds(&self, ino: Ino) -> Result<Vec<(u64, u64)>, Fatal> {
         let mut out = Vec::new();
-        for k in self.keys_with_prefix(&keys::write_hold_prefix(ino))? {
-            if let (Some((_, session)), Some(b)) = (keys::write_hold_of(&k), self.get(&k)?) {
+        for k in self.keys_with_prefix(&keys::open_hold_prefix(ino))? {
+            if let (Some((_, session)), Some(b)) = (keys::open_hold_of(&k), self.get(&k)?) {
                 out.push((session, hold_until(&b)));
             }
         }
@@ -215,7 +215,7 @@ impl<'a> View<'a> {
     }
 }
 
-/// The time (ms) a write session's record holds it until; a record too short to hold one
+/// The time (ms) an open session's record holds it until; a record too short to hold one
 /// reads as expired long ago.
 fn hold_until(value: &[u8]) -> u64 {
     value

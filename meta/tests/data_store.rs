@@ -165,7 +165,7 @@ impl Fx {
         self.commit_held(ino, size, chunks, 0).await
     }
 
-    /// As [`Fx::commit`], by a writer that holds write session `session` (0: none).
+    /// As [`Fx::commit`], by a writer that holds open session `session` (0: none).
     async fn commit_held(
         &mut self,
         ino: Ino,
@@ -180,7 +180,7 @@ impl Fx {
             chunk_size: CHUNK,
             chunks,
             expect_generation: 0,
-            write_session: session,
+            open_session: session,
         };
         Ok(self
             .c
@@ -191,11 +191,11 @@ impl Fx {
             .expect("attr"))
     }
 
-    /// Starts (`renew` false) or renews write session `session` of `ino`: its lease, in ms.
+    /// Starts (`renew` false) or renews open session `session` of `ino`: its lease, in ms.
     async fn hold(&mut self, ino: Ino, session: u64, renew: bool) -> Result<u64, TalonError> {
         let r = self
             .c
-            .hold_write(pb::HoldWriteRequest {
+            .hold_open(pb::HoldOpenRequest {
                 header: hdr(ino.home()),
                 ino: ino.0,
                 session,
@@ -491,12 +491,12 @@ async fn chunks_no_layout_names_are_reclaimed() {
 }
 
 /// Chunks stored on all of `node`'s partitions.
-/// A writer's write session keeps the chunks it stored, past the collector's grace, for as
+/// A writer's open session keeps the chunks it stored, past the collector's grace, for as
 /// long as it renews the session; one that stops renewing loses them, and is then refused
 /// at its renewal and at its commit (EIO), rather than committing a layout that names chunks
 /// no longer there. Expired sessions' records go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_session_holds_its_chunks_while_renewed() {
+async fn a_open_session_holds_its_chunks_while_renewed() {
     let mut fx = fixture(1000).await;
     let node = fx.cluster.node(1).expect("node").node.clone();
     const S: u64 = 0x12_3456;
@@ -569,7 +569,7 @@ async fn a_write_session_holds_its_chunks_while_renewed() {
     let holds = |node: &talon_meta::node::Node| -> Vec<(Ino, u64)> {
         node.partitions
             .values()
-            .flat_map(|p| p.store.write_holds(1000, |_| true).expect("scan"))
+            .flat_map(|p| p.store.open_holds(1000, |_| true).expect("scan"))
             .collect()
     };
     eventually(

@@ -323,7 +323,7 @@ pub(crate) fn get_chunk(
 
 /// `CommitLayoutRequest`: `chunks` of `chunk_size` become the contents of `ino`, `size`
 /// bytes long, if it is at `expect_generation` (0: whatever its generation) and, when
-/// `write_session` is nonzero, while that write session is held.
+/// `open_session` is nonzero, while that open session is held.
 pub(crate) fn commit_layout(
     h: Header,
     ino: Ino,
@@ -331,7 +331,7 @@ pub(crate) fn commit_layout(
     chunk_size: u32,
     chunks: &[ChunkRef],
     expect_generation: u64,
-    write_session: u64,
+    open_session: u64,
 ) -> pb::CommitLayoutRequest {
     pb::CommitLayoutRequest {
         header: h.wire(),
@@ -340,19 +340,19 @@ pub(crate) fn commit_layout(
         chunk_size,
         chunks: chunks.iter().map(pb::ChunkRef::from).collect(),
         expect_generation,
-        write_session,
+        open_session,
     }
 }
 
-/// `HoldWriteRequest`: start, renew or end write session `session` of `ino`.
-pub(crate) fn hold_write(
+/// `HoldOpenRequest`: start, renew or end open session `session` of `ino`.
+pub(crate) fn hold_open(
     h: Header,
     ino: Ino,
     session: u64,
     renew: bool,
     end: bool,
-) -> pb::HoldWriteRequest {
-    pb::HoldWriteRequest {
+) -> pb::HoldOpenRequest {
+    pb::HoldOpenRequest {
         header: h.wire(),
         ino: ino.0,
         session,

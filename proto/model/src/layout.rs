@@ -15,7 +15,7 @@ use talon_proto::v1 as pb;
 /// One chunk of a chunked layout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
-    /// The write session that stored the chunk; 0 is a hole (reads as zeros).
+    /// The open session that stored the chunk; 0 is a hole (reads as zeros).
     pub write_id: u64,
     /// Valid bytes in the chunk; bytes of the chunk past it read as zeros.
     pub len: u32,

@@ -4,7 +4,7 @@
 //! (`chunk_gc_grace_ms`, ten minutes by default), for a dead writer's. A writer can be alive
 //! and slower than that: a checkpoint of hundreds of GB, or a log kept open for a whole
 //! training run, commits long after it stored its first chunks. So a writer stores its chunks
-//! under a [`WriteSession`] held on the file's home partition (`HoldWrite`): each write id
+//! under a [`OpenSession`] held on the file's home partition (`HoldOpen`): each write id
 //! carries the session's id in its high bits (`write_id >> SESSION_SHIFT`), and the collector
 //! keeps the chunks of a held session however old they are.
 //!
@@ -26,7 +26,7 @@ use talon_model::{Errno, Ino, TalonError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// Bits of a chunk's write id below its write session's id (the server's `SESSION_SHIFT`).
+/// Bits of a chunk's write id below its open session's id (the server's `SESSION_SHIFT`).
 const SESSION_SHIFT: u32 = 24;
 
 /// Where a session stands, as its keeper last found it.
@@ -41,8 +41,8 @@ enum Standing {
     Lost(TalonError),
 }
 
-/// A write session held on one file for one writer (see the module docs).
-pub(crate) struct WriteSession {
+/// An open session held on one file for one writer (see the module docs).
+pub(crate) struct OpenSession {
     client: Client,
     ino: Ino,
     id: u64,
@@ -54,16 +54,16 @@ pub(crate) struct WriteSession {
     keeper: JoinHandle<()>,
 }
 
-impl WriteSession {
+impl OpenSession {
     /// A new session on `ino`, for chunks about to be stored: held in the background from a
     /// quarter of the servers' grace on (needs a tokio runtime).
-    pub(crate) fn start(client: &Client, ino: Ino) -> WriteSession {
+    pub(crate) fn start(client: &Client, ino: Ino) -> OpenSession {
         let id = (rand::random::<u64>() >> SESSION_SHIFT).max(1);
         let (tx, state) = watch::channel(Standing::Starting);
         let asked = Arc::new(AtomicBool::new(false));
         let delay = client.cluster_map().chunk_gc_grace / 4;
         let keeper = tokio::spawn(keep(client.clone(), ino, id, delay, asked.clone(), tx));
-        WriteSession {
+        OpenSession {
             client: client.clone(),
             ino,
             id,
@@ -79,7 +79,7 @@ impl WriteSession {
         if self.stores + 1 >= 1 << SESSION_SHIFT {
             return Err(TalonError::posix(
                 Errno::EFBIG,
-                "a write session stores at most 16,777,215 chunks: commit and reopen the file",
+                "an open session stores at most 16,777,215 chunks: commit and reopen the file",
             ));
         }
         self.stores += 1;
@@ -97,7 +97,7 @@ impl WriteSession {
             .state
             .wait_for(|s| !matches!(s, Standing::Starting))
             .await
-            .map_err(|_| TalonError::Unavailable("the write session's keeper stopped".into()))?;
+            .map_err(|_| TalonError::Unavailable("the open session's keeper stopped".into()))?;
         match &*state {
             Standing::Lost(e) => Err(e.clone()),
             _ => Ok(self.id),
@@ -105,7 +105,7 @@ impl WriteSession {
     }
 }
 
-impl Drop for WriteSession {
+impl Drop for OpenSession {
     fn drop(&mut self) {
         self.keeper.abort();
         if !self.asked.load(Ordering::Acquire) {
@@ -116,8 +116,8 @@ impl Drop for WriteSession {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (client, ino, id) = (self.client.clone(), self.ino, self.id);
             rt.spawn(async move {
-                if let Err(e) = client.rpc_hold_write(ino, id, false, true).await {
-                    tracing::debug!(ino = %ino, "ending a write session: {e}");
+                if let Err(e) = client.rpc_hold_open(ino, id, false, true).await {
+                    tracing::debug!(ino = %ino, "ending an open session: {e}");
                 }
             });
         }
@@ -139,7 +139,7 @@ async fn keep(
     let mut renew = false;
     let mut lease = Duration::from_secs(60);
     loop {
-        match client.rpc_hold_write(ino, id, renew, false).await {
+        match client.rpc_hold_open(ino, id, renew, false).await {
             Ok(ms) => {
                 lease = Duration::from_millis(ms.max(150));
                 tx.send_replace(Standing::Held);
@@ -149,14 +149,14 @@ async fn keep(
             // Refused by the server (expired, the file gone), or never started: a commit
             // with this session would be refused; the writer learns it there.
             Err(e) if !renew || matches!(e, TalonError::Posix { .. }) => {
-                tracing::warn!(ino = %ino, "write session {id:x} lost: {e}");
+                tracing::warn!(ino = %ino, "open session {id:x} lost: {e}");
                 tx.send_replace(Standing::Lost(e));
                 return;
             }
             // Unreachable for now (the call already retried up to its deadline): try again
             // while the lease may still run.
             Err(e) => {
-                tracing::debug!(ino = %ino, "renewing write session {id:x}: {e}");
+                tracing::debug!(ino = %ino, "renewing open session {id:x}: {e}");
                 tokio::time::sleep(lease / 10).await;
             }
         }
