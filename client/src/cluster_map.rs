@@ -65,9 +65,25 @@ pub struct ClusterMap {
     /// How old a chunk no layout names grows before the servers reclaim it, unless a held
     /// open session holds it (zero when the servers did not say).
     pub chunk_gc_grace: Duration,
+    /// How long an unlinked file stays before the servers reclaim it, unless a held open
+    /// session holds it (zero when the servers did not say).
+    pub unlinked_grace: Duration,
 }
 
 impl ClusterMap {
+    /// How long an open File waits before it holds an open session (`open_session`): a
+    /// quarter of the shorter of the servers' graces, so the session is held before a chunk
+    /// the File stored, or the file unlinked meanwhile, can be reclaimed. Zero (hold at
+    /// once) when the servers said neither.
+    pub fn open_session_delay(&self) -> Duration {
+        [self.chunk_gc_grace, self.unlinked_grace]
+            .into_iter()
+            .filter(|g| !g.is_zero())
+            .min()
+            .unwrap_or_default()
+            / 4
+    }
+
     /// The node with id `id`.
     pub fn node(&self, id: u64) -> Option<&NodeInfo> {
         self.nodes.iter().find(|n| n.id == id)

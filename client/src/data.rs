@@ -249,7 +249,7 @@ impl Client {
     }
 
     /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long; with
-    /// a `open_session` (nonzero), only while that session is held.
+    /// an `open_session` (nonzero), only while that session is held.
     pub(crate) async fn rpc_commit_layout(
         &self,
         ino: Ino,

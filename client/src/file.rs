@@ -14,10 +14,16 @@
 //!   kept, so a sequential write of any size needs bounded memory. A commit stores the
 //!   remaining dirty chunks and sends one `CommitLayout` naming every chunk. The write ids
 //!   are those of an open session the File holds on the file's home from a quarter of the
-//!   servers' chunk grace after its first chunk until it is dropped (`open_session`), so
+//!   servers' shorter grace after its open until it is dropped (`open_session`), so
 //!   chunks stored long before the commit are not taken for a dead writer's; a File cut
 //!   off from the servers for longer than the session's lease fails its commit with EIO
 //!   rather than name chunks that may be gone.
+//!
+//! **Unlinked while open.** A File keeps working after the file's last name is gone (a
+//! temporary file, a checkpoint replaced while it is read), as on a local file system: a
+//! reader of a small file holds its body, and a writer or a reader of a chunked file holds
+//! the file itself through its session, so the servers reclaim it only after the File is
+//! dropped (or, if its client is cut off, a lease after its last renewal).
 //!
 //! A small file that grows past `small_file_max` becomes chunked (its body becomes the first
 //! chunk(s)); a chunked file stays chunked, except that truncating it to zero bytes lets it
@@ -173,8 +179,9 @@ struct Core {
     changed: bool,
     small_max: u64,
     new_chunk_size: u64,
-    /// Holds the chunks this File stored until it commits them: made with the first chunk,
-    /// held from a quarter of the servers' grace on.
+    /// Holds the chunks this File stored until it commits them, and the file while unlinked:
+    /// made at the open of a writer or of a chunked file's reader, held from a quarter of
+    /// the servers' shorter grace on.
     session: Option<OpenSession>,
 }
 
@@ -186,6 +193,10 @@ impl Core {
     fn new(client: Client, opened: Opened, what: String, opts: OpenOptions) -> Core {
         let (small_max, chunk_size) = client.data_limits();
         let size = opened.attr.size;
+        // A reader of a small file holds its whole body; everything else the File may need
+        // from the servers later is kept for it by a session (see `open_session`).
+        let session = (opts.write || matches!(opened.layout, Layout::Chunked { .. }))
+            .then(|| OpenSession::start(&client, opened.attr.ino));
         let body = match opened.layout {
             Layout::Small => Body::Small(opened.body.unwrap_or_default()),
             Layout::Chunked { chunk_size, chunks } => Body::Chunked(Chunks {
@@ -207,7 +218,7 @@ impl Core {
             changed: false,
             small_max,
             new_chunk_size: chunk_size,
-            session: None,
+            session,
         }
     }
 
@@ -498,7 +509,7 @@ impl Chunks {
     }
 
     /// Starts storing dirty chunk `index` in the background, waiting for a slot first, under
-    /// a write id of `session` (started here with the first chunk).
+    /// a write id of `session` (started at a writer's open; here if it was not).
     async fn store(
         &mut self,
         client: &Client,

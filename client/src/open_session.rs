@@ -1,22 +1,29 @@
-//! A writer's hold on the chunks it stored and has not committed yet.
+//! A client's hold on a file it keeps open: on the chunks it stored and has not committed
+//! yet, and on the file itself once unlinked.
 //!
 //! The servers take a chunk that no layout names, once it is older than their grace
-//! (`chunk_gc_grace_ms`, ten minutes by default), for a dead writer's. A writer can be alive
-//! and slower than that: a checkpoint of hundreds of GB, or a log kept open for a whole
-//! training run, commits long after it stored its first chunks. So a writer stores its chunks
-//! under a [`OpenSession`] held on the file's home partition (`HoldOpen`): each write id
-//! carries the session's id in its high bits (`write_id >> SESSION_SHIFT`), and the collector
-//! keeps the chunks of a held session however old they are.
+//! (`chunk_gc_grace_ms`, ten minutes by default), for a dead writer's, and reclaim an
+//! unlinked file once it has been unlinked for `unlinked_grace_ms` (30 s). A client can be
+//! alive and slower than either: a checkpoint of hundreds of GB, or a log kept open for a
+//! whole training run, commits long after it stored its first chunks; a temporary file is
+//! unlinked at once and then written and read through its handle; a reader loads a large
+//! checkpoint while another process replaces it. So an open [`File`](crate::File) that
+//! writes, or that reads a chunked file, holds an [`OpenSession`] on the file's home
+//! partition (`HoldOpen`): each write id carries the session's id in its high bits
+//! (`write_id >> SESSION_SHIFT`), the collector keeps the chunks of a held session however
+//! old they are, and an unlinked file with a held session lives until it is ended, as POSIX
+//! keeps an unlinked file while it is open.
 //!
-//! The session is started in the background a quarter of the servers' grace after the first
-//! chunk is stored (no chunk can be collected before it is a whole grace old), so a writer
-//! that commits sooner, as nearly every one does, never pays for it; it is then renewed
-//! every third of the lease the server answers, and ended when the writer drops it, which
-//! makes its uncommitted chunks garbage at once. A commit names its session once it has
-//! been asked for (and waits for the answer): the server applies the commit only while the
-//! session is held. A writer cut off for longer than its lease (the session expired, and its
-//! chunks may be gone) is refused at its commit with EIO, loudly, instead of committing a
-//! layout that names missing chunks.
+//! The session is started in the background a quarter of the shorter grace after the File
+//! is opened (a chunk it stores can be collected only once a whole grace old, and a file
+//! unlinked meanwhile only a whole grace after the unlink), so a File closed sooner, as
+//! nearly every one is, never pays for it; it is then renewed every third of the lease the
+//! server answers, and ended when the File drops it, which makes its uncommitted chunks
+//! garbage and an unlinked file reclaimable at once. A commit of chunks names the session
+//! once it has been asked for (and waits for the answer): the server applies the commit
+//! only while the session is held. A writer cut off for longer than its lease (the session
+//! expired, and its chunks may be gone) is refused at its commit with EIO, loudly, instead
+//! of committing a layout that names missing chunks.
 
 use crate::client::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +48,7 @@ enum Standing {
     Lost(TalonError),
 }
 
-/// An open session held on one file for one writer (see the module docs).
+/// An open session held on one file for one open File (see the module docs).
 pub(crate) struct OpenSession {
     client: Client,
     ino: Ino,
@@ -55,13 +62,14 @@ pub(crate) struct OpenSession {
 }
 
 impl OpenSession {
-    /// A new session on `ino`, for chunks about to be stored: held in the background from a
-    /// quarter of the servers' grace on (needs a tokio runtime).
+    /// A new session on `ino`, for a File just opened or chunks about to be stored: held in
+    /// the background from a quarter of the servers' shorter grace on (needs a tokio
+    /// runtime).
     pub(crate) fn start(client: &Client, ino: Ino) -> OpenSession {
         let id = (rand::random::<u64>() >> SESSION_SHIFT).max(1);
         let (tx, state) = watch::channel(Standing::Starting);
         let asked = Arc::new(AtomicBool::new(false));
-        let delay = client.cluster_map().chunk_gc_grace / 4;
+        let delay = client.cluster_map().open_session_delay();
         let keeper = tokio::spawn(keep(client.clone(), ino, id, delay, asked.clone(), tx));
         OpenSession {
             client: client.clone(),
@@ -86,9 +94,9 @@ impl OpenSession {
         Ok(self.id << SESSION_SHIFT | self.stores)
     }
 
-    /// The session a commit names: 0 while it has not been asked for (every chunk stored is
-    /// younger than a quarter of the grace), else its id once it is held; or the error that
-    /// lost it.
+    /// The session a commit of chunks names: 0 while it has not been asked for (the File is
+    /// younger than a quarter of the shorter grace, and so is every chunk it stored), else
+    /// its id once it is held; or the error that lost it.
     pub(crate) async fn held(&mut self) -> Result<u64, TalonError> {
         if !self.asked.load(Ordering::Acquire) {
             return Ok(0);
@@ -111,8 +119,9 @@ impl Drop for OpenSession {
         if !self.asked.load(Ordering::Acquire) {
             return;
         }
-        // Ended in the background: the writer is done (it committed, or gave up), and the
-        // session's uncommitted chunks are garbage. Without a runtime, it expires instead.
+        // Ended in the background: the File is closed (its writes committed, or given up),
+        // so the session's uncommitted chunks are garbage and the file, if unlinked, can go.
+        // Without a runtime, it expires instead.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (client, ino, id) = (self.client.clone(), self.ino, self.id);
             rt.spawn(async move {

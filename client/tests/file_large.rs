@@ -1,12 +1,14 @@
 //! A 1 GiB file written through a streaming `File` and read back streaming, compared piece
 //! by piece against deterministically generated data: neither side ever holds the whole
-//! file, and the File's memory stays bounded by its dirty and in-flight chunks.
+//! file, and the File's memory stays bounded by its dirty and in-flight chunks. And Files
+//! kept open past the servers' graces: a slow writer, files unlinked while open.
 
 mod common;
 
 use common::Fixture;
 use std::time::Instant;
 use talon_client::{MkdirOptions, OpenOptions};
+use talon_model::Errno;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIZE: u64 = 1 << 30;
@@ -111,5 +113,79 @@ async fn a_write_open_past_the_chunk_grace_keeps_its_chunks() {
         got == want,
         "the file read back differs from what was written"
     );
+    fx.shutdown().await;
+}
+
+/// A file whose last name goes while a File has it open lives until that File is closed, as
+/// on a local file system, however long past the servers' unlinked grace (here 1 s, 30 s by
+/// default): a temporary file unlinked at once and then written and read through its handle,
+/// small or chunked, and a chunked checkpoint that another writer replaces by a rename while
+/// it is read. Before open sessions held the file, the servers reclaimed it a grace after
+/// the unlink: the reader's next chunk failed with EIO and the writers' commits with ENOENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
+    const CHUNK: usize = 64 << 10;
+    let fx = Fixture::start_with(1, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
+    })
+    .await;
+    let c = &fx.client;
+    let mut old = vec![0u8; 6 * CHUNK + 5];
+    fill(1 << 40, &mut old);
+    c.write_file("/ckpt", &old).await.expect("write ckpt");
+    let mut reader = c
+        .open("/ckpt", OpenOptions::read_only())
+        .await
+        .expect("open the checkpoint");
+    let mut tmp = c
+        .open("/tmp.big", OpenOptions::create_truncate())
+        .await
+        .expect("open tmp");
+    let mut small = c
+        .open("/tmp.small", OpenOptions::create_truncate())
+        .await
+        .expect("open small tmp");
+    let mut big = vec![0u8; 9 * CHUNK + 321];
+    fill(0, &mut big);
+    tmp.write_all(&big[..5 * CHUNK]).await.expect("write");
+    small.write_all(b"scratch, ").await.expect("write small");
+    c.unlink("/tmp.big").await.expect("unlink tmp");
+    c.unlink("/tmp.small").await.expect("unlink small tmp");
+    c.write_file("/ckpt.new", b"the next checkpoint")
+        .await
+        .expect("write the next checkpoint");
+    c.rename("/ckpt.new", "/ckpt").await.expect("replace");
+
+    // Several of the collector's rounds (250 ms apart at this grace) past the grace.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let mut got = Vec::new();
+    reader
+        .read_to_end(&mut got)
+        .await
+        .expect("read the old checkpoint");
+    assert!(got == old, "the replaced checkpoint read back differs");
+    tmp.write_all(&big[5 * CHUNK..]).await.expect("write on");
+    tmp.flush().await.expect("commit the unlinked file");
+    assert!(tmp.read_at(0, big.len() as u64).await.expect("read back") == big);
+    small.write_all(b"kept").await.expect("write small on");
+    small.flush().await.expect("commit the small unlinked file");
+    assert_eq!(small.read_at(0, 64).await.expect("read"), b"scratch, kept");
+    assert_eq!(tmp.metadata().await.expect("stat").nlink, 0);
+
+    // Closed, each goes at a following round.
+    let inos = [reader.ino(), tmp.ino(), small.ino()];
+    drop((reader, tmp, small));
+    let gone = common::eventually(std::time::Duration::from_secs(30), || async {
+        let mut all = true;
+        for ino in inos {
+            all &= c
+                .getattr(ino)
+                .await
+                .is_err_and(|e| e.errno() == Errno::ENOENT);
+        }
+        all
+    })
+    .await;
+    assert!(gone, "the closed unlinked files were not reclaimed");
     fx.shutdown().await;
 }

@@ -185,6 +185,48 @@ fn unlinked_open_file_stays_readable_until_closed() {
     assert_eq!(read(&m.path("a")), b"new");
 }
 
+/// The temporary-file pattern (`tempfile.TemporaryFile`, `tmpfile(3)`): created, unlinked
+/// at once, then written, synced and read back through its descriptor for longer than the
+/// servers' unlinked grace (here 1 s, 30 s by default), small and chunked. The file lives
+/// until it is closed; before open sessions held it, the servers reclaimed it a grace after
+/// the unlink and the next sync failed with ENOENT.
+#[test]
+fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
+    let builder = talon_testkit::TestCluster::builder()
+        .nodes(1)
+        .unlinked_grace_ms(1000)
+        .file_sizes(16 << 10, 64 << 10);
+    let m = Mounted::start_on(builder);
+    let mut files = Vec::new();
+    for (name, len) in [("small.tmp", 1000), ("big.tmp", 300 << 10)] {
+        let p = m.path(name);
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p)
+            .expect("create");
+        let want: Vec<u8> = (0..len as u32).map(|i| (i % 253) as u8).collect();
+        f.write_all(&want[..len / 2]).expect("write");
+        fs::remove_file(&p).expect("unlink");
+        files.push((f, want, len));
+    }
+    // Several of the collector's rounds (250 ms apart at this grace) past the grace.
+    std::thread::sleep(Duration::from_secs(4));
+    for (f, want, len) in &mut files {
+        f.write_all(&want[*len / 2..]).expect("write on");
+        f.sync_all().expect("sync the unlinked file");
+        f.seek(SeekFrom::Start(0)).expect("seek");
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).expect("read back");
+        assert!(
+            got == *want,
+            "a {len}-byte temporary file read back differs"
+        );
+        assert_eq!(f.metadata().expect("fstat").nlink(), 0);
+    }
+}
+
 #[test]
 fn renames_links_and_symlinks() {
     let m = Mounted::start();

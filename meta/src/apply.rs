@@ -682,7 +682,10 @@ impl Applier {
                 Op::ReclaimUnlinked(inos) => {
                     for ino in inos {
                         let k = keys::unlinked(*ino);
-                        if v.get(&k)?.is_none() || v.locked(&keys::inode(*ino))?.is_some() {
+                        if v.get(&k)?.is_none()
+                            || v.locked(&keys::inode(*ino))?.is_some()
+                            || !v.open_holds(*ino)?.is_empty()
+                        {
                             continue;
                         }
                         v.del(k);

@@ -89,14 +89,15 @@ pub struct ClusterConfig {
     pub chunk_size: u32,
     /// Chunks no committed layout names are reclaimed once older than this (ms), and seen
     /// so by the collecting leader for this long again, unless an open session holds them:
-    /// a writer still writing a quarter of this after its first chunk holds one, renewed
-    /// every third of this, so this is also how long a writer cut off from the servers
-    /// keeps its session.
+    /// a file kept open (by a writer, or a reader of a chunked file) for a quarter of the
+    /// shorter of this and `unlinked_grace_ms` holds one, renewed every third of this, so
+    /// this is also how long a client cut off from the servers keeps its session.
     pub chunk_gc_grace_ms: u64,
     /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
     /// for this long (ms), so a reader that looked the name up just before still opens and
     /// reads the old contents; then, or at once when the node's data file system is past
-    /// `space.nearfull_ratio`, it is reclaimed.
+    /// `space.nearfull_ratio`, it is reclaimed, unless an open session holds it (a client
+    /// still has it open).
     pub unlinked_grace_ms: u64,
 }
 

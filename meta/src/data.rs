@@ -12,9 +12,12 @@
 //!   and that are older than `chunk_gc_grace_ms` are dropped by the leader's garbage
 //!   collector (writers that died, overwritten generations), once the leader has also
 //!   seen them so for that grace on its own monotonic clock, so that no clock's jump
-//!   shortens it. A writer slower than that grace holds an open session on the file's home
-//!   (`H` ‖ ino ‖ session, renewed within the grace; see `Files::hold_open`): chunks whose
-//!   write id carries a held session stay, and a commit by a writer whose session expired
+//!   shortens it. A client that keeps a file open (a writer, or a reader of a chunked
+//!   file) for longer than a quarter of the shorter grace holds an open session on the
+//!   file's home (`H` ‖ ino ‖ session, renewed within the chunk grace; see
+//!   `Files::hold_open`): chunks whose write id carries a held session stay, an unlinked
+//!   file with a held session is not reclaimed (it lives until its last holder closes it,
+//!   as POSIX keeps an unlinked open file), and a commit by a writer whose session expired
 //!   is refused (EIO) rather than naming chunks that may be gone.
 //! - Every body and chunk carries a CRC32C computed at apply; a read that finds a mismatch
 //!   answers EIO and logs the inode, never returns the bytes.
@@ -299,8 +302,10 @@ impl<'a> Files<'a> {
 
     /// Starts (`renew` false), renews or ends (`end`) open session `session` of `ino` on its
     /// home partition `p`, and answers for how long (ms) it is held: the chunk collector's
-    /// grace. Chunks whose write id carries a held session stay however old they grow; a
-    /// renewal of a session that expired is refused (EIO).
+    /// grace. Chunks whose write id carries a held session stay however old they grow, and
+    /// so does the file once unlinked; a renewal of a session that expired is refused (EIO).
+    /// A session takes no room worth waiting for (one small record), so none is asked for:
+    /// a reader holds one too, and the writer's chunk stores wait for room themselves.
     pub async fn hold_open(
         &self,
         p: u32,
@@ -489,8 +494,9 @@ impl<'a> Files<'a> {
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
     /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
-    /// system is nearly full. A reclaimed file's chunks go with it (see
-    /// `Files::drop_chunks_of_gone`).
+    /// system is nearly full, unless an open session holds them (a reader or writer that
+    /// still has the file open). Sessions on a reclaimed file that expired are ended in the
+    /// same command. A reclaimed file's chunks go with it (see `Files::drop_chunks_of_gone`).
     pub async fn collect_unlinked(&self) {
         let grace = self.node.config.cluster.unlinked_grace_ms;
         let short = self.node.space.level() >= crate::space::Level::NearFull;
@@ -510,12 +516,30 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
-            if due.is_empty() {
+            // (file, its expired sessions) of the files no session holds now.
+            let unheld: Vec<(Ino, Vec<u64>)> = due
+                .into_iter()
+                .filter_map(|ino| {
+                    let holds = part.store.read(|v| v.open_holds(ino)).ok()?;
+                    let held = holds.iter().any(|&(_, until)| until >= now);
+                    (!held).then(|| (ino, holds.into_iter().map(|(s, _)| s).collect()))
+                })
+                .collect();
+            if unheld.is_empty() {
                 continue;
             }
-            let chunks = chunks_named(part, &due);
+            let inos: Vec<Ino> = unheld.iter().map(|(ino, _)| *ino).collect();
+            let chunks = chunks_named(part, &inos);
+            let reclaim = |batch: Vec<(Ino, Vec<u64>)>| {
+                let ended = batch
+                    .iter()
+                    .flat_map(|(ino, ss)| ss.iter().map(|&s| (*ino, s)))
+                    .collect();
+                let inos = batch.into_iter().map(|(ino, _)| ino).collect();
+                vec![Op::EndOpens(ended), Op::ReclaimUnlinked(inos)]
+            };
             let what = "reclaiming unlinked files";
-            propose_in_batches(*p, due, Op::ReclaimUnlinked, |c| part.propose(c), what).await;
+            propose_in_batches(*p, unheld, reclaim, |c| part.propose(c), what).await;
             self.drop_chunks_of_gone(part, chunks).await;
         }
     }
@@ -547,7 +571,7 @@ impl<'a> Files<'a> {
         for (p, chunks) in by_partition {
             let propose = |c| self.node.propose_on(p, c);
             let what = "dropping the chunks of reclaimed files";
-            propose_in_batches(p, chunks, Op::DropChunks, propose, what).await;
+            propose_in_batches(p, chunks, |b| vec![Op::DropChunks(b)], propose, what).await;
         }
     }
 
@@ -576,7 +600,8 @@ impl<'a> Files<'a> {
                     .requests_due
                     .confirmed(*p, due, Duration::from_millis(REQUEST_RECORD_MS));
             let what = "forgetting request records";
-            propose_in_batches(*p, due, Op::ForgetRequests, |c| part.propose(c), what).await;
+            let forget = |b| vec![Op::ForgetRequests(b)];
+            propose_in_batches(*p, due, forget, |c| part.propose(c), what).await;
         }
     }
 
@@ -601,7 +626,8 @@ impl<'a> Files<'a> {
                 }
             };
             let what = "forgetting expired open sessions";
-            propose_in_batches(*p, expired, Op::EndOpens, |c| part.propose(c), what).await;
+            let end = |b| vec![Op::EndOpens(b)];
+            propose_in_batches(*p, expired, end, |c| part.propose(c), what).await;
         }
     }
 
@@ -677,20 +703,21 @@ impl<'a> Files<'a> {
     }
 }
 
-/// Proposes `op` over `items` in batches of 1,000 on partition `p`, each through `propose`
+/// Proposes the ops `ops` makes of `items`, in batches of 1,000 on partition `p` (one
+/// command each), through `propose`
 /// (the partition's own `Partition::propose`, or `Node::propose_on` for one led elsewhere);
 /// a failed batch waits for the next round.
 async fn propose_in_batches<T: Clone, Fut>(
     p: u32,
     items: Vec<T>,
-    op: impl Fn(Vec<T>) -> Op,
+    ops: impl Fn(Vec<T>) -> Vec<Op>,
     propose: impl Fn(Command) -> Fut,
     what: &str,
 ) where
     Fut: std::future::Future<Output = Result<CommandResult, TalonError>>,
 {
     for batch in items.chunks(1000) {
-        match propose(Command::Atomic(vec![op(batch.to_vec())])).await {
+        match propose(Command::Atomic(ops(batch.to_vec()))).await {
             Ok(_) => tracing::debug!(partition = p, n = batch.len(), "{what}"),
             Err(e) => tracing::warn!(partition = p, "{what} deferred: {e}"),
         }

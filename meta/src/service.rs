@@ -155,6 +155,7 @@ impl Api {
             small_file_max: c.small_file_max,
             chunk_size: c.chunk_size,
             chunk_gc_grace_ms: c.chunk_gc_grace_ms,
+            unlinked_grace_ms: c.unlinked_grace_ms,
         }
     }
 }
@@ -558,11 +559,6 @@ impl NamespaceSvc for Api {
     async fn hold_open(&self, r: Request<pb::HoldOpenRequest>) -> Res<pb::HoldOpenReply> {
         let r = r.into_inner();
         let h = header(r.header);
-        // Only a new session waits for room: renewing or ending one protects, or frees,
-        // what its writer already stored.
-        if !r.renew && !r.end {
-            self.node.room_for(h.partition, 0)?;
-        }
         let lease_ms = Files::new(&self.node)
             .hold_open(h.partition, Ino(r.ino), r.session, r.renew, r.end)
             .await?;

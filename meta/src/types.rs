@@ -250,8 +250,10 @@ pub enum Op {
         now: Time,
     },
     /// Reclaim unlinked files whose grace period is over (see `AdjustInode`): drop each
-    /// inode that is still unlinked, with its body and xattrs. Appended last: the log's
-    /// encoding numbers variants by position.
+    /// inode that is still unlinked and that no open session is recorded on (a reader or
+    /// writer still has it open; the leader ends expired ones first, in the same command),
+    /// with its body and xattrs. Appended last: the log's encoding numbers variants by
+    /// position.
     ReclaimUnlinked(Vec<Ino>),
     /// Record that the client request `id` (a rename, remove or link) is applied by this
     /// op list, so a copy of it sent again after a lost answer is answered as done.

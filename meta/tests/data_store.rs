@@ -5,6 +5,7 @@
 mod common;
 
 use common::{eventually, TestCluster};
+use std::collections::HashMap;
 use std::time::Duration;
 use talon_model::placement::chunk_partition;
 use talon_model::{Errno, Ino, TalonError, ROOT_INO};
@@ -496,7 +497,7 @@ async fn chunks_no_layout_names_are_reclaimed() {
 /// at its renewal and at its commit (EIO), rather than committing a layout that names chunks
 /// no longer there. Expired sessions' records go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_open_session_holds_its_chunks_while_renewed() {
+async fn an_open_session_holds_its_chunks_while_renewed() {
     let mut fx = fixture(1000).await;
     let node = fx.cluster.node(1).expect("node").node.clone();
     const S: u64 = 0x12_3456;
@@ -580,6 +581,72 @@ async fn a_open_session_holds_its_chunks_while_renewed() {
             async move { (!h.contains(&(lapsed, T))).then_some(()) }
         },
     )
+    .await;
+    fx.cluster.shutdown().await;
+}
+
+/// An unlinked file that an open session holds is not reclaimed, however long past its
+/// unlinked grace, while the session is renewed: its holder (a temporary file's writer, a
+/// reader of a replaced checkpoint) still reads it whole and commits to it. A session that
+/// lapses holds nothing, and an ended one lets the file go at the next round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlinked_file_stays_while_an_open_session_holds_it() {
+    // Leases of 2 s; unlinked files reclaimed after 1 s (rounds every 250 ms).
+    let mut fx = fixture_with(2000, 1000, None).await;
+    const S: u64 = 0x11;
+    const T: u64 = 0x22;
+    let held = fx.file("held").await;
+    let lapsed = fx.file("lapsed").await;
+    let free = fx.file("free").await;
+    let mut want = HashMap::new();
+    for (w, ino) in [(1, held), (2, lapsed), (3, free)] {
+        want.insert(ino, fx.write_chunked(ino, w, 2).await);
+    }
+    fx.hold(held, S, false).await.expect("hold");
+    fx.hold(lapsed, T, false).await.expect("hold");
+    for name in ["/held", "/lapsed", "/free"] {
+        fx.client.unlink(name).await.expect("unlink");
+    }
+    // Renewed every 300 ms for 6 s: the file nobody holds goes after its grace, the lapsed
+    // one a lease later; the held one stays, whole, and takes a commit.
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        fx.hold(held, S, true).await.expect("renew");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for ino in [lapsed, free] {
+        let e = fx.open(ino).await.expect_err("reclaimed");
+        assert_eq!(e.errno(), Errno::ENOENT, "{ino}: {e:?}");
+    }
+    assert_eq!(fx.read(held).await, want[&held]);
+    let attr = fx.write_small(held, b"a temporary file".to_vec()).await;
+    assert_eq!(attr.expect("write an unlinked held file").nlink, 0);
+    // Ended (its File closed): reclaimed at a following round.
+    fx.c.hold_open(pb::HoldOpenRequest {
+        header: hdr(held.home()),
+        ino: held.0,
+        session: S,
+        renew: false,
+        end: true,
+    })
+    .await
+    .expect("end");
+    eventually(Duration::from_secs(30), "the ended file's reclaim", || {
+        let mut c = fx.c.clone();
+        async move {
+            let r = c
+                .open(pb::OpenRequest {
+                    header: hdr(held.home()),
+                    ino: held.0,
+                    want_body: false,
+                })
+                .await;
+            let gone = r
+                .map_err(TalonError::from)
+                .is_err_and(|e| e.errno() == Errno::ENOENT);
+            gone.then_some(())
+        }
+    })
     .await;
     fx.cluster.shutdown().await;
 }

@@ -246,6 +246,7 @@ impl TryFrom<pb::ClusterMap> for ClusterMap {
             small_file_max: or_default(m.small_file_max, DEFAULT_SMALL_FILE_MAX),
             chunk_size: or_default(m.chunk_size, DEFAULT_CHUNK_SIZE),
             chunk_gc_grace: Duration::from_millis(m.chunk_gc_grace_ms),
+            unlinked_grace: Duration::from_millis(m.unlinked_grace_ms),
         }
         .validated()
     }
@@ -284,6 +285,7 @@ mod tests {
             small_file_max: 0,
             chunk_size: 1 << 16,
             chunk_gc_grace_ms: 0,
+            unlinked_grace_ms: 0,
         }
     }
 
