@@ -709,6 +709,18 @@ impl File {
         self.flush().await
     }
 
+    /// Holds the file for this File now and waits until it is held, for a caller about to
+    /// remove the file's last name (unlink, or a rename over it) while it keeps the File
+    /// open. The File holds it anyway from a quarter of the servers' shorter grace after its
+    /// open (`open_session`); a nearly full node reclaims an unlinked file at once, before
+    /// that. A File that only reads a small file holds its body and needs nothing.
+    pub async fn hold_now(&mut self) -> Result<(), TalonError> {
+        match &mut self.core().await?.session {
+            Some(s) => s.hold_now().await,
+            None => Ok(()),
+        }
+    }
+
     /// The attributes as this File sees them (its size includes uncommitted writes).
     pub async fn metadata(&mut self) -> Result<Attr, TalonError> {
         Ok(self.core().await?.metadata())

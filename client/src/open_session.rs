@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use talon_model::{Errno, Ino, TalonError};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 /// Bits of a chunk's write id below its open session's id (the server's `SESSION_SHIFT`).
@@ -57,8 +57,13 @@ pub(crate) struct OpenSession {
     stores: u64,
     /// Whether the keeper has asked for the session yet.
     asked: Arc<AtomicBool>,
+    /// Tells the keeper to ask now rather than after its delay.
+    hurry: Arc<Notify>,
     state: watch::Receiver<Standing>,
     keeper: JoinHandle<()>,
+    /// The runtime the session was started on, which ends it: a File may be dropped on a
+    /// thread outside it (the mount's session thread closes clean handles).
+    runtime: tokio::runtime::Handle,
 }
 
 impl OpenSession {
@@ -69,16 +74,26 @@ impl OpenSession {
         let id = (rand::random::<u64>() >> SESSION_SHIFT).max(1);
         let (tx, state) = watch::channel(Standing::Starting);
         let asked = Arc::new(AtomicBool::new(false));
+        let hurry = Arc::new(Notify::new());
         let delay = client.cluster_map().open_session_delay();
-        let keeper = tokio::spawn(keep(client.clone(), ino, id, delay, asked.clone(), tx));
+        let keeper = tokio::spawn(keep(
+            client.clone(),
+            ino,
+            id,
+            delay,
+            (asked.clone(), hurry.clone()),
+            tx,
+        ));
         OpenSession {
             client: client.clone(),
             ino,
             id,
             stores: 0,
             asked,
+            hurry,
             state,
             keeper,
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 
@@ -94,6 +109,14 @@ impl OpenSession {
         Ok(self.id << SESSION_SHIFT | self.stores)
     }
 
+    /// Holds the session now, not after the delay, and waits until it is held: for a File
+    /// whose file is about to lose its last name while a nearly full node reclaims unlinked
+    /// files at once.
+    pub(crate) async fn hold_now(&mut self) -> Result<(), TalonError> {
+        self.hurry.notify_one();
+        self.asked_and_held().await.map(|_| ())
+    }
+
     /// The session a commit of chunks names: 0 while it has not been asked for (the File is
     /// younger than a quarter of the shorter grace, and so is every chunk it stored), else
     /// its id once it is held; or the error that lost it.
@@ -101,6 +124,11 @@ impl OpenSession {
         if !self.asked.load(Ordering::Acquire) {
             return Ok(0);
         }
+        self.asked_and_held().await
+    }
+
+    /// The session's id once the keeper's question is answered, or the error that lost it.
+    async fn asked_and_held(&mut self) -> Result<u64, TalonError> {
         let state = self
             .state
             .wait_for(|s| !matches!(s, Standing::Starting))
@@ -121,29 +149,31 @@ impl Drop for OpenSession {
         }
         // Ended in the background: the File is closed (its writes committed, or given up),
         // so the session's uncommitted chunks are garbage and the file, if unlinked, can go.
-        // Without a runtime, it expires instead.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (client, ino, id) = (self.client.clone(), self.ino, self.id);
-            rt.spawn(async move {
-                if let Err(e) = client.rpc_hold_open(ino, id, false, true).await {
-                    tracing::debug!(ino = %ino, "ending an open session: {e}");
-                }
-            });
-        }
+        // If the runtime has shut down, it expires instead.
+        let (client, ino, id) = (self.client.clone(), self.ino, self.id);
+        self.runtime.spawn(async move {
+            if let Err(e) = client.rpc_hold_open(ino, id, false, true).await {
+                tracing::debug!(ino = %ino, "ending an open session: {e}");
+            }
+        });
     }
 }
 
-/// Starts session `id` on `ino` after `delay`, then renews it every third of its lease until
-/// aborted or refused; reports where it stands through `tx`.
+/// Starts session `id` on `ino` after `delay` (or when hurried), then renews it every third
+/// of its lease until aborted or refused; notes that it asked in `asked` and reports where
+/// the session stands through `tx`.
 async fn keep(
     client: Client,
     ino: Ino,
     id: u64,
     delay: Duration,
-    asked: Arc<AtomicBool>,
+    (asked, hurry): (Arc<AtomicBool>, Arc<Notify>),
     tx: watch::Sender<Standing>,
 ) {
-    tokio::time::sleep(delay).await;
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = hurry.notified() => {}
+    }
     asked.store(true, Ordering::Release);
     let mut renew = false;
     let mut lease = Duration::from_secs(60);

@@ -188,15 +188,36 @@ fn unlinked_open_file_stays_readable_until_closed() {
 /// The temporary-file pattern (`tempfile.TemporaryFile`, `tmpfile(3)`): created, unlinked
 /// at once, then written, synced and read back through its descriptor for longer than the
 /// servers' unlinked grace (here 1 s, 30 s by default), small and chunked. The file lives
-/// until it is closed; before open sessions held it, the servers reclaimed it a grace after
-/// the unlink and the next sync failed with ENOENT.
+/// until it is closed, and goes once it is; before open sessions held it, the servers
+/// reclaimed it a grace after the unlink and the next sync failed with ENOENT.
 #[test]
 fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
+    temporary_files_live_until_closed(
+        talon_testkit::TestCluster::builder().unlinked_grace_ms(1000),
+    );
+}
+
+/// The same on a nearly full node, which reclaims unlinked files at the next round rather
+/// than after the grace: the mount holds a file it unlinks while open at the unlink, not a
+/// quarter of the grace (2 s here, as long as a round) after its open.
+#[test]
+fn a_temporary_file_lives_until_closed_on_a_nearly_full_node() {
+    let space = talon_meta::config::SpaceConfig {
+        nearfull_ratio: 0.000_001,
+        full_ratio: 1.0,
+        reserve_bytes: 0,
+    };
     let builder = talon_testkit::TestCluster::builder()
-        .nodes(1)
-        .unlinked_grace_ms(1000)
-        .file_sizes(16 << 10, 64 << 10);
-    let m = Mounted::start_on(builder);
+        .space(space)
+        .chunk_gc_grace_ms(8000)
+        .unlinked_grace_ms(8000);
+    temporary_files_live_until_closed(builder);
+}
+
+/// Creates a small and a chunked temporary file on a one-node cluster that `builder` makes,
+/// unlinks each at once and uses it for 4 s, then checks that it goes once closed.
+fn temporary_files_live_until_closed(builder: talon_testkit::TestClusterBuilder) {
+    let m = Mounted::start_on(builder.nodes(1).file_sizes(16 << 10, 64 << 10));
     let mut files = Vec::new();
     for (name, len) in [("small.tmp", 1000), ("big.tmp", 300 << 10)] {
         let p = m.path(name);
@@ -211,7 +232,8 @@ fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
         fs::remove_file(&p).expect("unlink");
         files.push((f, want, len));
     }
-    // Several of the collector's rounds (250 ms apart at this grace) past the grace.
+    // Several of the collector's rounds past the unlinked grace, or past the unlink on a
+    // nearly full node (rounds every quarter of the grace).
     std::thread::sleep(Duration::from_secs(4));
     for (f, want, len) in &mut files {
         f.write_all(&want[*len / 2..]).expect("write on");
@@ -225,6 +247,19 @@ fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
         );
         assert_eq!(f.metadata().expect("fstat").nlink(), 0);
     }
+    // Closed, each goes at a following round (its session ended, not left to expire).
+    let inos: Vec<u64> = files
+        .iter()
+        .map(|(f, _, _)| f.metadata().expect("fstat").ino())
+        .collect();
+    drop(files);
+    let gone = fuse_support::eventually(Duration::from_secs(30), || {
+        inos.iter().all(|&i| {
+            let r = m.block_on(m.client.getattr(talon_model::Ino(i)));
+            r.is_err_and(|e| e.errno() == talon_model::Errno::ENOENT)
+        })
+    });
+    assert!(gone, "the closed temporary files were not reclaimed");
 }
 
 #[test]

@@ -205,13 +205,14 @@ impl OpenFile {
         f.metadata().await
     }
 
-    /// Called before the file's last name is removed. POSIX keeps an unlinked file
-    /// readable through open handles; a small file's whole body is in the `File` once it
-    /// is open, so a deferred open is completed now. (A chunked file's chunks are read
-    /// from the cluster as long as it keeps them.)
+    /// Called before the file's last name is removed. POSIX keeps an unlinked file through
+    /// open handles until they are closed: a deferred open is completed now (a small file's
+    /// whole body is in the `File` once it is open), and the `File` holds the file on its
+    /// home at once (`File::hold_now`), which a nearly full node reclaiming unlinked files
+    /// at once would otherwise beat.
     pub async fn detach(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
-        self.file(&mut g).await.map(|_| ())
+        self.file(&mut g).await?.hold_now().await
     }
 
     /// Truncates or extends the file to `size`.
