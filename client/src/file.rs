@@ -509,7 +509,7 @@ impl Chunks {
     }
 
     /// Starts storing dirty chunk `index` in the background, waiting for a slot first, under
-    /// a write id of `session` (started at a writer's open; here if it was not).
+    /// a write id of `session` (every writer holds one from its open).
     async fn store(
         &mut self,
         client: &Client,
@@ -534,8 +534,9 @@ impl Chunks {
             return Ok(());
         }
         let write_id = match session
-            .get_or_insert_with(|| OpenSession::start(client, ino))
-            .write_id()
+            .as_mut()
+            .ok_or_else(|| TalonError::Invalid("a File storing chunks has no open session".into()))
+            .and_then(OpenSession::write_id)
         {
             Ok(id) => id,
             Err(e) => {

@@ -76,12 +76,14 @@ impl OpenSession {
         let asked = Arc::new(AtomicBool::new(false));
         let hurry = Arc::new(Notify::new());
         let delay = client.cluster_map().open_session_delay();
-        let keeper = tokio::spawn(keep(
+        let runtime = tokio::runtime::Handle::current();
+        let keeper = runtime.spawn(keep(
             client.clone(),
             ino,
             id,
             delay,
-            (asked.clone(), hurry.clone()),
+            asked.clone(),
+            hurry.clone(),
             tx,
         ));
         OpenSession {
@@ -93,7 +95,7 @@ impl OpenSession {
             hurry,
             state,
             keeper,
-            runtime: tokio::runtime::Handle::current(),
+            runtime,
         }
     }
 
@@ -167,7 +169,8 @@ async fn keep(
     ino: Ino,
     id: u64,
     delay: Duration,
-    (asked, hurry): (Arc<AtomicBool>, Arc<Notify>),
+    asked: Arc<AtomicBool>,
+    hurry: Arc<Notify>,
     tx: watch::Sender<Standing>,
 ) {
     tokio::select! {
