@@ -34,7 +34,7 @@ use crate::keys;
 use crate::namespace::Namespace;
 use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::Partition;
-use crate::reads::{read_stored, OpenFile};
+use crate::reads::{read_stored_unblocking, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op, Outcome};
 use crate::view::View;
@@ -78,16 +78,6 @@ fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
     TalonError::posix(errno, msg)
 }
 
-/// Reads a file's inode and (small, asked for) body from `part`'s state, verifying the
-/// body's checksum.
-pub fn read_local(
-    part: &Partition,
-    ino: Ino,
-    want_body: bool,
-) -> Result<Option<OpenFile>, TalonError> {
-    read_stored(&part.store, ino, want_body)
-}
-
 /// The file contents on a node's partitions, and their garbage collection. A view of a
 /// [`Node`] borrowed for a call: `Files::new(&node).read_whole(..)`.
 #[derive(Clone, Copy, Debug)]
@@ -126,11 +116,11 @@ impl<'a> Files<'a> {
     ) -> Result<OpenFile, TalonError> {
         let part = self.node.home_part(p, ino)?;
         self.ns()
-            .read_at_class(
+            .read_at_class_async(
                 part,
                 relaxed,
                 epoch,
-                || read_local(part, ino, want_body),
+                || read_stored_unblocking(&part.store, ino, want_body),
                 |f| f.as_ref().map(|f| f.attr.class),
             )
             .await?
@@ -150,7 +140,7 @@ impl<'a> Files<'a> {
         let (attr, cur_epoch) = self.ns().lookup(p, relaxed, epoch, parent, name).await?;
         let ino = attr.ino;
         let file = if ino.home() == p {
-            read_local(self.node.local(p)?, ino, true)?
+            read_stored_unblocking(&self.node.local(p)?.store, ino, true).await?
         } else {
             match self
                 .node
@@ -260,8 +250,9 @@ impl<'a> Files<'a> {
         self.ns().read_guard(part, relaxed, 0).await?;
         let key = keys::chunk(ino, write_id, index);
         // Read in place: only the range asked for is copied out of the store, and only
-        // from a chunk that matches its checksum (None: it does not).
-        let read = |v: &View<'_>| {
+        // from a chunk that matches its checksum (None: it does not). Off this thread if
+        // the chunk must come from the disk.
+        let read = move |v: &View<'_>| {
             v.read_self_checked(&key, |b| {
                 dec::<ChunkView>(b, "chunk").map(|chunk| {
                     chunk.verify().then(|| {
@@ -272,11 +263,11 @@ impl<'a> Files<'a> {
                 })
             })
         };
-        let mut got = part.store.read(read).map_err(storage_error)?;
+        let mut got = part.store.read_unblocking(read.clone()).await?;
         if got.is_none() && relaxed {
             // A lagging follower may not have it yet: ask as the leader.
             part.linearizable().await?;
-            got = part.store.read(read).map_err(storage_error)?;
+            got = part.store.read_unblocking(read).await?;
         }
         let got = got.ok_or_else(|| {
             posix(

@@ -222,11 +222,29 @@ impl<'a> Namespace<'a> {
         read: impl Fn() -> Result<T, TalonError>,
         class: impl Fn(&T) -> Option<Class>,
     ) -> Result<T, TalonError> {
+        let read = || std::future::ready(read());
+        self.read_at_class_async(part, relaxed, epoch, read, class)
+            .await
+    }
+
+    /// As [`Namespace::read_at_class`], for a `read` that may wait (for the disk, off the
+    /// caller's thread).
+    pub(crate) async fn read_at_class_async<T, Fut>(
+        &self,
+        part: &Partition,
+        relaxed: bool,
+        epoch: u64,
+        read: impl Fn() -> Fut,
+        class: impl Fn(&T) -> Option<Class>,
+    ) -> Result<T, TalonError>
+    where
+        Fut: std::future::Future<Output = Result<T, TalonError>>,
+    {
         let served_relaxed = self.read_barrier(part, relaxed).await?;
-        let mut got = read()?;
+        let mut got = read().await?;
         if served_relaxed && class(&got) == Some(Class::Strict) {
             part.linearizable().await?;
-            got = read()?;
+            got = read().await?;
         }
         self.check_epoch_here(part, epoch)?;
         Ok(got)

@@ -534,11 +534,9 @@ impl Node {
             }
             PeerRequest::ReadFile(ino) => {
                 part.linearizable().await?;
-                Ok(PeerReply::File(crate::reads::read_stored(
-                    &part.store,
-                    ino,
-                    true,
-                )?))
+                Ok(PeerReply::File(
+                    crate::reads::read_stored_unblocking(&part.store, ino, true).await?,
+                ))
             }
             PeerRequest::ReadDentry(parent, name) => {
                 part.linearizable().await?;

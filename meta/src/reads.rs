@@ -8,6 +8,8 @@
 use crate::keys;
 use crate::records::{dec, storage_error, BodyView, Fatal, InodeRec};
 use crate::sm::SmStore;
+use crate::view::View;
+use std::sync::Arc;
 use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, TalonError};
 
 fn posix(errno: Errno, msg: impl Into<String>) -> TalonError {
@@ -34,25 +36,47 @@ pub fn read_stored(
     want_body: bool,
 ) -> Result<Option<OpenFile>, TalonError> {
     let got = store
-        .read(|v| {
-            let Some(rec) = v.inode(ino)? else {
-                return Ok(None);
-            };
-            // Wanted: Some; matching its checksum (or absent: empty): Some. The body is
-            // copied out of the store once, into the answer, and only if it is sound.
-            let body =
-                if want_body && rec.attr.kind == FileKind::Regular && rec.layout == Layout::Small {
-                    let read = v.read_self_checked(&keys::body(ino), |b| {
-                        let body: BodyView = dec(b, "body")?;
-                        Ok::<_, Fatal>(body.verify().then(|| body.data.to_vec()))
-                    })?;
-                    Some(read.transpose()?.unwrap_or(Some(Vec::new())))
-                } else {
-                    None
-                };
-            Ok(Some((rec, body)))
-        })
+        .read(|v| stored(v, ino, want_body))
         .map_err(storage_error)?;
+    checked(store.partition(), ino, got)
+}
+
+/// As [`read_stored`], without holding the calling thread while the body is read from the
+/// disk (see [`SmStore::read_unblocking`]).
+pub async fn read_stored_unblocking(
+    store: &Arc<SmStore>,
+    ino: Ino,
+    want_body: bool,
+) -> Result<Option<OpenFile>, TalonError> {
+    let got = store
+        .read_unblocking(move |v| stored(v, ino, want_body))
+        .await?;
+    checked(store.partition(), ino, got)
+}
+
+/// The inode and, if wanted and small, the body: Some(Some) if it matches its checksum (an
+/// absent body is empty), Some(None) if not. The body is copied out of the store once,
+/// into the answer, and only if it is sound.
+type Stored = Option<(InodeRec, Option<Option<Vec<u8>>>)>;
+
+fn stored(v: &View<'_>, ino: Ino, want_body: bool) -> Result<Stored, Fatal> {
+    let Some(rec) = v.inode(ino)? else {
+        return Ok(None);
+    };
+    let body = if want_body && rec.attr.kind == FileKind::Regular && rec.layout == Layout::Small {
+        let read = v.read_self_checked(&keys::body(ino), |b| {
+            let body: BodyView = dec(b, "body")?;
+            Ok::<_, Fatal>(body.verify().then(|| body.data.to_vec()))
+        })?;
+        Some(read.transpose()?.unwrap_or(Some(Vec::new())))
+    } else {
+        None
+    };
+    Ok(Some((rec, body)))
+}
+
+/// The file of a [`stored`] read; EIO if its body failed its checksum.
+fn checked(partition: u32, ino: Ino, got: Stored) -> Result<Option<OpenFile>, TalonError> {
     let Some((rec, body)) = got else {
         return Ok(None);
     };
@@ -61,7 +85,7 @@ pub fn read_stored(
         None => None,
         Some(Some(data)) => Some(data),
         Some(None) => {
-            tracing::error!(ino = %ino, partition = store.partition(), "checksum mismatch in the body of inode {ino}");
+            tracing::error!(ino = %ino, partition, "checksum mismatch in the body of inode {ino}");
             return Err(posix(
                 Errno::EIO,
                 format!("checksum mismatch in the body of inode {ino}"),

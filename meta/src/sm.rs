@@ -19,7 +19,7 @@ use crate::apply::Applier;
 use crate::keys::{self, meta};
 use crate::kv::Overlay;
 use crate::raft_log::SnapshotMark;
-use crate::records::{dec, enc, Fatal, InodeRec};
+use crate::records::{dec, enc, storage_error, Fatal, InodeRec};
 use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
 use crate::view::View;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
@@ -30,8 +30,9 @@ use openraft::{
 use rocksdb::{Options, WriteBatch, DB};
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
-use talon_model::{attr::Attr, Class, FileKind, Ino, Layout, Time, ROOT_INO};
+use talon_model::{attr::Attr, Class, FileKind, Ino, Layout, TalonError, Time, ROOT_INO};
 
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
@@ -124,7 +125,16 @@ pub struct SmStore {
     space: std::sync::OnceLock<crate::space::Gate>,
     /// Snapshot data being read (sent to a follower), kept until its last reader is done.
     data_in_use: Arc<Mutex<DataInUse>>,
+    /// How long this store's reads beyond its memory took lately, in µs (a moving average
+    /// over the last eight or so): whether they come from the page cache or the disk (see
+    /// [`SmStore::read_unblocking`]).
+    outside_read_us: std::sync::atomic::AtomicU64,
 }
+
+/// A read beyond a store's memory that lately took longer than this on average is taken
+/// for one from the disk, and moved off the caller's thread; a quicker one (the OS page
+/// cache: 5-30 µs for a body here) stays on it, where a move would cost more than the read.
+const DISK_READ_US: u64 = 200;
 
 /// The snapshot data of a replica's directory that readers hold: a checkpoint is read from
 /// its files as it is sent, so a newer snapshot must not remove an older one from under a
@@ -309,6 +319,7 @@ impl SmStore {
                 kept: stored.map(|s| s.data_file),
                 ..DataInUse::default()
             })),
+            outside_read_us: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -890,6 +901,54 @@ impl SmStore {
         f(&view)
     }
 
+    /// As [`SmStore::read`], without holding the calling thread while the disk is read:
+    /// `f` runs first over what the store holds in memory ([`crate::kv::MemoryOnly`]: its
+    /// memtables, the node's block and blob cache); if that is not enough, it runs again
+    /// here while this store's reads beyond its memory have been quick lately (the OS page
+    /// cache), and on the runtime's blocking pool while they have been slow (the disk:
+    /// `DISK_READ_US`). For reads of file contents: run in place, a cold epoch's reads from
+    /// the disk queued behind each other on the thread that ran them, the runtime's workers
+    /// or a mount's session threads (two of each by default), while the disk could serve
+    /// many at once (`bench/README.md`, "A cold epoch's reads off the request threads").
+    /// Needs a tokio runtime.
+    pub async fn read_unblocking<T, F>(self: &Arc<Self>, f: F) -> Result<T, TalonError>
+    where
+        T: Send + 'static,
+        F: Fn(&View<'_>) -> Result<T, Fatal> + Send + 'static,
+    {
+        let from_memory = {
+            let db = self.db();
+            let empty = Overlay::new();
+            let snap = db.snapshot();
+            let kv = crate::kv::MemoryOnly(&snap);
+            f(&View::new(&kv, &empty))
+        };
+        match from_memory {
+            Err(e) if crate::kv::needs_disk(&e) => {}
+            done => return done.map_err(storage_error),
+        }
+        if self.outside_read_us.load(Ordering::Relaxed) < DISK_READ_US {
+            return self.timed_read(&f).map_err(storage_error);
+        }
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.timed_read(&f))
+            .await
+            .map_err(|e| TalonError::Unavailable(format!("a read of the store stopped: {e}")))?
+            .map_err(storage_error)
+    }
+
+    /// [`SmStore::read`], timed into the moving average of reads beyond the store's memory.
+    fn timed_read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
+        let t = std::time::Instant::now();
+        let got = self.read(f);
+        let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let avg = self.outside_read_us.load(Ordering::Relaxed);
+        // Concurrent updates may lose one another's sample; it is an estimate.
+        let next = (avg - avg / 8).saturating_add(us / 8);
+        self.outside_read_us.store(next, Ordering::Relaxed);
+        got
+    }
+
     /// The partition's namespace epoch.
     pub fn epoch(&self) -> Result<u64, Fatal> {
         self.read(|v| v.epoch())
@@ -1132,6 +1191,38 @@ mod tests {
     use super::*;
     use openraft::CommittedLeaderId;
     use std::time::Duration;
+
+    /// A read beyond the store's memory answers whichever way it goes: in place while such
+    /// reads have been quick, and on the blocking pool while they have been slow, which
+    /// counts its time too. A body (a value in a blob file) of a reopened store is beyond
+    /// its memory until read.
+    #[tokio::test]
+    async fn reads_beyond_memory_answer_in_place_or_off_the_thread() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let body = |n: u8| vec![n; 8192];
+        {
+            let store = SmStore::open(dir.path(), 3, b"").expect("open");
+            for n in [1, 2] {
+                store.db().put([b'Z', n], body(n)).expect("put");
+            }
+            let got = store.read_unblocking(|v| v.get(b"Z\x01")).await;
+            assert_eq!(got.expect("read"), Some(body(1)));
+            assert_eq!(
+                store.outside_read_us.load(Ordering::Relaxed),
+                0,
+                "the memtable answered"
+            );
+            store.db().flush().expect("flush");
+        }
+        let store = SmStore::open(dir.path(), 3, b"").expect("reopen");
+        let got = store.read_unblocking(|v| v.get(b"Z\x01")).await;
+        assert_eq!(got.expect("read in place"), Some(body(1)));
+        let slow = DISK_READ_US * 100;
+        store.outside_read_us.store(slow, Ordering::Relaxed);
+        let got = store.read_unblocking(|v| v.get(b"Z\x02")).await;
+        assert_eq!(got.expect("read off the thread"), Some(body(2)));
+        assert!(store.outside_read_us.load(Ordering::Relaxed) < slow);
+    }
 
     /// An install interrupted after its switch to the new instance is finished by the next
     /// open (its snapshot record goes in place, so the record covers the live state and the
