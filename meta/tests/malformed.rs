@@ -194,6 +194,41 @@ async fn malformed_requests_get_errors() {
     cluster.shutdown().await;
 }
 
+/// `talon-meta status` of a node that has committed creates says how many log appends its
+/// syncs made durable (the group commit's factor), beside its space and memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_the_logs_appends_and_syncs() {
+    let (cluster, mut c) = bare_node(1).await;
+    for i in 0..3 {
+        let name = format!("f{i}");
+        c.create(create(0, name.as_bytes(), pb::FileKind::Regular))
+            .await
+            .expect("create");
+    }
+    let addr = cluster.addrs()[0].clone();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_talon-meta"))
+        .args(["status", "--addr", &addr, "--timeout", "10"])
+        .output()
+        .await
+        .expect("run talon-meta status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let log = text
+        .lines()
+        .find_map(|l| l.strip_prefix("log: "))
+        .unwrap_or_else(|| panic!("no log line: {text}"));
+    let n: Vec<u64> = log
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        n.len() == 2 && n[1] >= 1 && n[0] >= 3 && n[0] >= n[1],
+        "{log}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("memory: ")), "{text}");
+    cluster.shutdown().await;
+}
+
 /// `talon-meta status` against an address that accepts connections but never answers
 /// gives up with an error naming the address, rather than waiting forever.
 #[test]

@@ -187,6 +187,14 @@ async fn main() -> anyhow::Result<()> {
                 mib(s.memory_cache),
                 mib(s.memory_cache_pinned)
             );
+            // Appends per sync is the group commit's factor: how many Raft appends of all
+            // partitions each fsync of the log made durable.
+            println!(
+                "log: {} appends made durable by {} syncs ({:.2} per sync)",
+                s.log_appends,
+                s.log_syncs,
+                s.log_appends as f64 / s.log_syncs.max(1) as f64
+            );
             let mut table = comfy_table::Table::new();
             table
                 .load_preset(comfy_table::presets::NOTHING)
