@@ -894,11 +894,21 @@ impl SmStore {
     /// Runs `f` over a consistent point-in-time view of the current state (a RocksDB
     /// snapshot: a concurrent apply is seen whole or not at all).
     pub fn read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
+        self.read_through(false, f)
+    }
+
+    /// [`SmStore::read`], from memory only if `memory_only` ([`crate::kv::MemoryOnly`]).
+    fn read_through<T>(
+        &self,
+        memory_only: bool,
+        f: impl FnOnce(&View<'_>) -> Result<T, Fatal>,
+    ) -> Result<T, Fatal> {
         let db = self.db();
         let empty = Overlay::new();
         let snap = db.snapshot();
-        let view = View::new(&snap, &empty);
-        f(&view)
+        let in_memory = crate::kv::MemoryOnly(&snap);
+        let kv: &dyn crate::kv::Kv = if memory_only { &in_memory } else { &snap };
+        f(&View::new(kv, &empty))
     }
 
     /// As [`SmStore::read`], without holding the calling thread while the disk is read:
@@ -916,14 +926,7 @@ impl SmStore {
         T: Send + 'static,
         F: Fn(&View<'_>) -> Result<T, Fatal> + Send + 'static,
     {
-        let from_memory = {
-            let db = self.db();
-            let empty = Overlay::new();
-            let snap = db.snapshot();
-            let kv = crate::kv::MemoryOnly(&snap);
-            f(&View::new(&kv, &empty))
-        };
-        match from_memory {
+        match self.read_through(true, &f) {
             Err(e) if crate::kv::needs_disk(&e) => {}
             done => return done.map_err(storage_error),
         }
