@@ -7,7 +7,8 @@
 //!   create's checks, its ino allocation and the one RocksDB write batch of the whole
 //!   proposal; the state machine's own WAL is not synced, as in the server);
 //! - the packed store: a 4 KiB body written (a `WriteBody` command applied) and read back
-//!   whole with its checksum (`reads::read_stored`, what an open by inode reads).
+//!   whole with its checksum (`reads::read_stored_unblocking`, what an open by inode
+//!   reads: from the store's memory here).
 //!
 //! `cargo bench -p talon-bench --bench server_paths`
 
@@ -190,9 +191,9 @@ fn packed_store(c: &mut Criterion) {
     });
     g.bench_function("read_body_4k", |b| {
         b.iter(|| {
-            let f = talon_meta::reads::read_stored(&replica.store, black_box(ino), true)
-                .expect("read")
-                .expect("the file");
+            let read =
+                talon_meta::reads::read_stored_unblocking(&replica.store, black_box(ino), true);
+            let f = replica.rt.block_on(read).expect("read").expect("the file");
             assert_eq!(f.body.as_ref().map(Vec::len), Some(4096));
         })
     });

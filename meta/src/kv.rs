@@ -1,8 +1,7 @@
 //! The key-value seam under the state machine's reads: what a [`View`](crate::view::View)
 //! needs of a store (point reads and ordered key scans), implemented by a partition's
-//! RocksDB, by a RocksDB snapshot (and [`MemoryOnly`], one read without waiting for the
-//! disk), and by [`MemKv`], an ordered map in memory, so the applier, its checks and its
-//! locks run in unit tests without a database.
+//! RocksDB, by a RocksDB snapshot, and by [`MemKv`], an ordered map in memory, so the
+//! applier, its checks and its locks run in unit tests without a database.
 //!
 //! Writes do not pass through the trait: a command stages them in an [`Overlay`], which the
 //! state machine writes to RocksDB in one batch (`sm.rs`) and a test writes to a `MemKv`
@@ -86,39 +85,6 @@ impl Kv for rocksdb::Snapshot<'_> {
     }
 }
 
-/// A snapshot read from memory only: RocksDB's memtables and the node's block and blob
-/// cache. A read that would need the disk (the OS page cache included) fails with
-/// RocksDB's `Incomplete` instead of waiting for it ([`needs_disk`] tells that failure), so
-/// a caller on a thread that must not block can retry the read where it may
-/// (`SmStore::read_unblocking`).
-pub struct MemoryOnly<'a>(pub &'a rocksdb::Snapshot<'a>);
-
-fn memory_only(verify: bool) -> rocksdb::ReadOptions {
-    let mut opts = read_options(verify);
-    opts.set_read_tier(rocksdb::ReadTier::BlockCache);
-    opts
-}
-
-impl Kv for MemoryOnly<'_> {
-    fn get(&self, k: &[u8]) -> Result<Option<Vec<u8>>, Fatal> {
-        Ok(self.0.get_opt(k, memory_only(true))?)
-    }
-
-    fn read_in_place(&self, k: &[u8], read: &mut dyn FnMut(&[u8])) -> Result<bool, Fatal> {
-        let v = self.0.get_pinned_opt(k, memory_only(false))?;
-        Ok(v.map(|v| read(&v)).is_some())
-    }
-
-    fn scan_keys(&self, from: &[u8], visit: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), Fatal> {
-        scan(self.0.raw_iterator_opt(memory_only(true)), from, visit)
-    }
-}
-
-/// Whether `e` is a [`MemoryOnly`] read's refusal to wait for the disk.
-pub fn needs_disk(e: &Fatal) -> bool {
-    matches!(e, Fatal::Rocks(e) if e.kind() == rocksdb::ErrorKind::Incomplete)
-}
-
 /// An ordered map in memory, for unit tests of the deterministic core.
 #[derive(Debug, Clone, Default)]
 pub struct MemKv(BTreeMap<Vec<u8>, Vec<u8>>);
@@ -179,48 +145,6 @@ mod tests {
         })
         .expect("scan");
         out
-    }
-
-    /// A memory-only read answers from the memtable, tells a read that needs the disk
-    /// from an absent key, and answers from the cache once a read has filled it.
-    #[test]
-    fn a_memory_only_read_refuses_to_wait_for_the_disk() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut o = rocksdb::Options::default();
-        o.create_if_missing(true);
-        let mut t = rocksdb::BlockBasedOptions::default();
-        t.set_block_cache(&rocksdb::Cache::new_lru_cache(1 << 20));
-        o.set_block_based_table_factory(&t);
-        let db = rocksdb::DB::open(&o, dir.path()).expect("open");
-        db.put(b"k", b"in the memtable").expect("put");
-        let read = |db: &rocksdb::DB| {
-            let snap = db.snapshot();
-            let mut got = None;
-            let found = MemoryOnly(&snap).read_in_place(b"k", &mut |v| got = Some(v.to_vec()));
-            found.map(|_| got)
-        };
-        assert_eq!(read(&db).expect("read"), Some(b"in the memtable".to_vec()));
-        db.flush().expect("flush");
-        drop(db);
-        // Reopened: the table is on the disk only (its blocks not in the new cache).
-        let db = rocksdb::DB::open(&o, dir.path()).expect("reopen");
-        let e = read(&db).expect_err("the disk is needed");
-        assert!(needs_disk(&e), "{e}");
-        let snap = db.snapshot();
-        assert!(!needs_disk(&Fatal::Corrupt("x".into())));
-        assert_eq!(
-            snap.get(b"k").expect("read from the disk"),
-            Some(b"in the memtable".to_vec())
-        );
-        assert_eq!(
-            read(&db).expect("cached now"),
-            Some(b"in the memtable".to_vec())
-        );
-        assert_eq!(
-            MemoryOnly(&snap).get(b"absent").ok().flatten(),
-            None,
-            "an absent key is never found"
-        );
     }
 
     /// The in-memory store answers as RocksDB does, for the same writes.

@@ -29,20 +29,9 @@ pub struct OpenFile {
 }
 
 /// A file's inode and (small, asked for) body from a partition replica's store: the
-/// packed store's read path (one point-in-time view, the inode, the body and its checksum).
-pub fn read_stored(
-    store: &SmStore,
-    ino: Ino,
-    want_body: bool,
-) -> Result<Option<OpenFile>, TalonError> {
-    let got = store
-        .read(|v| stored(v, ino, want_body))
-        .map_err(storage_error)?;
-    checked(store.partition(), ino, got)
-}
-
-/// As [`read_stored`], without holding the calling thread while the body is read from the
-/// disk (see [`SmStore::read_unblocking`]).
+/// packed store's read path (one point-in-time view, the inode, the body and its checksum),
+/// without holding the calling thread while the body is read from the disk (see
+/// [`SmStore::read_unblocking`]).
 pub async fn read_stored_unblocking(
     store: &Arc<SmStore>,
     ino: Ino,

@@ -125,15 +125,15 @@ pub struct SmStore {
     space: std::sync::OnceLock<crate::space::Gate>,
     /// Snapshot data being read (sent to a follower), kept until its last reader is done.
     data_in_use: Arc<Mutex<DataInUse>>,
-    /// How long this store's reads beyond its memory took lately, in µs (a moving average
-    /// over the last eight or so): whether they come from the page cache or the disk (see
+    /// How long this store's reads of file contents took lately, in µs (a moving average
+    /// over the last eight or so): whether they come from memory or the disk (see
     /// [`SmStore::read_unblocking`]).
-    outside_read_us: std::sync::atomic::AtomicU64,
+    read_us: std::sync::atomic::AtomicU64,
 }
 
-/// A read beyond a store's memory that lately took longer than this on average is taken
-/// for one from the disk, and moved off the caller's thread; a quicker one (the OS page
-/// cache: 5-30 µs for a body here) stays on it, where a move would cost more than the read.
+/// Reads of a store that lately took longer than this on average are taken for reads from
+/// the disk, and moved off the caller's thread; quicker ones (memory or the OS page cache:
+/// 5-30 µs for a body here) stay on it, where a move would cost more than the read.
 const DISK_READ_US: u64 = 200;
 
 /// The snapshot data of a replica's directory that readers hold: a checkpoint is read from
@@ -319,7 +319,7 @@ impl SmStore {
                 kept: stored.map(|s| s.data_file),
                 ..DataInUse::default()
             })),
-            outside_read_us: std::sync::atomic::AtomicU64::new(0),
+            read_us: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -894,43 +894,31 @@ impl SmStore {
     /// Runs `f` over a consistent point-in-time view of the current state (a RocksDB
     /// snapshot: a concurrent apply is seen whole or not at all).
     pub fn read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
-        self.read_through(false, f)
-    }
-
-    /// [`SmStore::read`], from memory only if `memory_only` ([`crate::kv::MemoryOnly`]).
-    fn read_through<T>(
-        &self,
-        memory_only: bool,
-        f: impl FnOnce(&View<'_>) -> Result<T, Fatal>,
-    ) -> Result<T, Fatal> {
         let db = self.db();
         let empty = Overlay::new();
         let snap = db.snapshot();
-        let in_memory = crate::kv::MemoryOnly(&snap);
-        let kv: &dyn crate::kv::Kv = if memory_only { &in_memory } else { &snap };
-        f(&View::new(kv, &empty))
+        let view = View::new(&snap, &empty);
+        f(&view)
     }
 
-    /// As [`SmStore::read`], without holding the calling thread while the disk is read:
-    /// `f` runs first over what the store holds in memory ([`crate::kv::MemoryOnly`]: its
-    /// memtables, the node's block and blob cache); if that is not enough, it runs again
-    /// here while this store's reads beyond its memory have been quick lately (the OS page
+    /// As [`SmStore::read`], without holding the calling thread while the disk is read: `f`
+    /// runs here while this store's reads have been quick lately (memory, the OS page
     /// cache), and on the runtime's blocking pool while they have been slow (the disk:
-    /// `DISK_READ_US`). For reads of file contents: run in place, a cold epoch's reads from
-    /// the disk queued behind each other on the thread that ran them, the runtime's workers
-    /// or a mount's session threads (two of each by default), while the disk could serve
-    /// many at once (`bench/README.md`, "A cold epoch's reads off the request threads").
-    /// Needs a tokio runtime.
+    /// `DISK_READ_US`). Every read is timed into that average, so the pool's reads bring it
+    /// back once they come from memory again. For reads of file contents: run in place, a
+    /// cold epoch's reads from the disk queued behind each other on the thread that ran
+    /// them, the runtime's workers or a mount's session threads (two of each by default),
+    /// while the disk could serve many at once (`bench/README.md`, "A cold epoch's reads
+    /// off the request threads"). Needs a tokio runtime.
+    ///
+    /// (RocksDB's memory-only read tier cannot tell a read from memory first: a key whose
+    /// block is not cached may read as absent, or as an older version from a cached block.)
     pub async fn read_unblocking<T, F>(self: &Arc<Self>, f: F) -> Result<T, TalonError>
     where
         T: Send + 'static,
         F: Fn(&View<'_>) -> Result<T, Fatal> + Send + 'static,
     {
-        match self.read_through(true, &f) {
-            Err(e) if crate::kv::needs_disk(&e) => {}
-            done => return done.map_err(storage_error),
-        }
-        if self.outside_read_us.load(Ordering::Relaxed) < DISK_READ_US {
+        if self.read_us.load(Ordering::Relaxed) < DISK_READ_US {
             return self.timed_read(&f).map_err(storage_error);
         }
         let store = self.clone();
@@ -940,15 +928,15 @@ impl SmStore {
             .map_err(storage_error)
     }
 
-    /// [`SmStore::read`], timed into the moving average of reads beyond the store's memory.
+    /// [`SmStore::read`], timed into the moving average of [`SmStore::read_unblocking`].
     fn timed_read<T>(&self, f: impl FnOnce(&View<'_>) -> Result<T, Fatal>) -> Result<T, Fatal> {
         let t = std::time::Instant::now();
         let got = self.read(f);
         let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let avg = self.outside_read_us.load(Ordering::Relaxed);
+        let avg = self.read_us.load(Ordering::Relaxed);
         // Concurrent updates may lose one another's sample; it is an estimate.
         let next = (avg - avg / 8).saturating_add(us / 8);
-        self.outside_read_us.store(next, Ordering::Relaxed);
+        self.read_us.store(next, Ordering::Relaxed);
         got
     }
 
@@ -1195,36 +1183,33 @@ mod tests {
     use openraft::CommittedLeaderId;
     use std::time::Duration;
 
-    /// A read beyond the store's memory answers whichever way it goes: in place while such
-    /// reads have been quick, and on the blocking pool while they have been slow, which
-    /// counts its time too. A body (a value in a blob file) of a reopened store is beyond
-    /// its memory until read.
+    /// A read answers the newest value whichever way it goes: in place while reads have
+    /// been quick, and on the blocking pool while they have been slow, which counts its
+    /// time too. The value was written over many times and flushed between, so older
+    /// versions sit in cached blocks and the newest on the disk after a reopen.
     #[tokio::test]
-    async fn reads_beyond_memory_answer_in_place_or_off_the_thread() {
+    async fn reads_answer_the_newest_value_in_place_or_off_the_thread() {
         let dir = tempfile::tempdir().expect("temp dir");
         let body = |n: u8| vec![n; 8192];
         {
             let store = SmStore::open(dir.path(), 3, b"").expect("open");
-            for n in [1, 2] {
-                store.db().put([b'Z', n], body(n)).expect("put");
+            for n in 1..=20 {
+                store.db().put(b"Zk", body(n)).expect("put");
+                let got = store.read_unblocking(|v| v.get(b"Zk")).await;
+                assert_eq!(got.expect("read"), Some(body(n)));
+                if n % 5 == 0 {
+                    store.db().flush().expect("flush");
+                }
             }
-            let got = store.read_unblocking(|v| v.get(b"Z\x01")).await;
-            assert_eq!(got.expect("read"), Some(body(1)));
-            assert_eq!(
-                store.outside_read_us.load(Ordering::Relaxed),
-                0,
-                "the memtable answered"
-            );
-            store.db().flush().expect("flush");
         }
         let store = SmStore::open(dir.path(), 3, b"").expect("reopen");
-        let got = store.read_unblocking(|v| v.get(b"Z\x01")).await;
-        assert_eq!(got.expect("read in place"), Some(body(1)));
+        let got = store.read_unblocking(|v| v.get(b"Zk")).await;
+        assert_eq!(got.expect("read in place"), Some(body(20)));
         let slow = DISK_READ_US * 100;
-        store.outside_read_us.store(slow, Ordering::Relaxed);
-        let got = store.read_unblocking(|v| v.get(b"Z\x02")).await;
-        assert_eq!(got.expect("read off the thread"), Some(body(2)));
-        assert!(store.outside_read_us.load(Ordering::Relaxed) < slow);
+        store.read_us.store(slow, Ordering::Relaxed);
+        let got = store.read_unblocking(|v| v.get(b"Zk")).await;
+        assert_eq!(got.expect("read off the thread"), Some(body(20)));
+        assert!(store.read_us.load(Ordering::Relaxed) < slow);
     }
 
     /// An install interrupted after its switch to the new instance is finished by the next
