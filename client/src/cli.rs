@@ -695,7 +695,36 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
         &[1, 3],
     );
     let mut spaces = plain_table(&["NODE", "SPACE", "USED", "SIZE", "WRITABLE"], &[1]);
+    let mut loads = plain_table(
+        &[
+            "NODE",
+            "RESIDENT",
+            "PEAK",
+            "MEMTABLES",
+            "CACHE",
+            "APPENDS",
+            "SYNCS",
+            "PER-SYNC",
+        ],
+        &[1],
+    );
     for n in client.status().await {
+        if let Some(l) = &n.load {
+            let per_sync = match l.log_syncs {
+                0 => "-".to_string(),
+                s => format!("{:.2}", l.log_appends as f64 / s as f64),
+            };
+            loads.add_row(vec![
+                n.node_id.to_string(),
+                mib(l.resident),
+                mib(l.peak_resident),
+                mib(l.memtables),
+                mib(l.cache),
+                l.log_appends.to_string(),
+                l.log_syncs.to_string(),
+                per_sync,
+            ]);
+        }
         if let Some(s) = &n.space {
             spaces.add_row(vec![
                 n.node_id.to_string(),
@@ -735,7 +764,14 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
     write!(out, "{}", render(&parts))?;
     writeln!(out)?;
     write!(out, "{}", render(&spaces))?;
+    writeln!(out)?;
+    write!(out, "{}", render(&loads))?;
     Ok(ok)
+}
+
+/// `bytes` in MiB, one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1}M", bytes as f64 / (1 << 20) as f64)
 }
 
 /// A user-facing message for an error: the C library's wording for POSIX errors.

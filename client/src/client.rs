@@ -865,15 +865,16 @@ impl Client {
                     |mut c| async move { c.status(requests::status()).await },
                 )
                 .await;
-            let (partitions, space) = match r.map(replies::status) {
-                Ok((partitions, space)) => (Ok(partitions), Some(space)),
-                Err(e) => (Err(e), None),
+            let (partitions, space, load) = match r.map(replies::status) {
+                Ok((partitions, space, load)) => (Ok(partitions), Some(space), Some(load)),
+                Err(e) => (Err(e), None, None),
             };
             NodeStatus {
                 node_id: n.id,
                 addr: n.addr,
                 partitions,
                 space,
+                load,
             }
         });
         futures::future::join_all(calls).await

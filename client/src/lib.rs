@@ -54,6 +54,6 @@ pub use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError, Time};
 pub use talon_model::{ChunkRef, Layout};
 pub use transport::LocalNode;
 pub use types::{
-    CreateSpec, DirEntry, MkdirOptions, NodeSpace, NodeStatus, PartitionStatus, RenameFlags,
-    SetAttr, StatFs, TimeSet, XattrFlags,
+    CreateSpec, DirEntry, MkdirOptions, NodeLoad, NodeSpace, NodeStatus, PartitionStatus,
+    RenameFlags, SetAttr, StatFs, TimeSet, XattrFlags,
 };

@@ -112,6 +112,26 @@ pub struct NodeStatus {
     pub partitions: Result<Vec<PartitionStatus>, TalonError>,
     /// Its data file system, if it answered.
     pub space: Option<NodeSpace>,
+    /// Its memory and its Raft log's group commit, if it answered.
+    pub load: Option<NodeLoad>,
+}
+
+/// Where a node's memory is and how well its Raft log's appends share a sync, as the node
+/// reports them. Its memory budget is `[storage]` write_buffer_bytes + cache_bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeLoad {
+    /// Resident memory now, in bytes, as the kernel counts it.
+    pub resident: u64,
+    /// The process's peak resident memory, in bytes.
+    pub peak_resident: u64,
+    /// Memtables of all its stores, in bytes.
+    pub memtables: u64,
+    /// Its shared block and blob cache in use, in bytes.
+    pub cache: u64,
+    /// Raft log appends since the node started (all partitions).
+    pub log_appends: u64,
+    /// The log syncs that made them durable; appends per sync is the group-commit factor.
+    pub log_syncs: u64,
 }
 
 /// How full a node's data file system is.

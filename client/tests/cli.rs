@@ -85,7 +85,10 @@ async fn subcommands() {
     let (ok, status) = talon(c, &["status"]).await;
     assert!(ok, "{status}");
     assert!(status.contains("LEADER"), "{status}");
-    let (replicas, space) = status.split_once("\n\n").unwrap_or((&status, ""));
+    let sections: Vec<&str> = status.split("\n\n").collect();
+    let [replicas, space, load] = sections[..] else {
+        panic!("three tables: {status}");
+    };
     assert_eq!(
         replicas.lines().count(),
         1 + 3 * 8,
@@ -97,6 +100,24 @@ async fn subcommands() {
         1 + 3,
         "one space line per node: {status}"
     );
+    // Memory and the log's group commit, one line per node; every node has appended the
+    // entries of the creates above, each made durable by a sync.
+    assert!(load.starts_with("NODE  RESIDENT"), "{status}");
+    let loads: Vec<Vec<&str>> = load
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(loads.len(), 3, "one load line per node: {status}");
+    for l in &loads {
+        let (appends, syncs): (u64, u64) =
+            (l[5].parse().expect("appends"), l[6].parse().expect("syncs"));
+        assert!(appends > 0 && syncs > 0 && syncs <= appends, "{status}");
+        assert!(
+            l[1].ends_with('M') && l[1] != "0.0M",
+            "resident memory: {status}"
+        );
+    }
     assert!(matches!(
         <Cli as clap::Parser>::try_parse_from(["talon", "status"]).map(|c| c.command),
         Ok(Command::Status)

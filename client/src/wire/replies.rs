@@ -8,7 +8,7 @@ use crate::cluster_map::{
     DEFAULT_SMALL_FILE_MAX,
 };
 use crate::data::Opened;
-use crate::types::{DirChange, DirEntry, NodeSpace, PartitionStatus, StatFs};
+use crate::types::{DirChange, DirEntry, NodeLoad, NodeSpace, PartitionStatus, StatFs};
 use std::time::Duration;
 use talon_model::{Attr, FileKind, Ino, Layout, TalonError};
 use talon_proto::v1 as pb;
@@ -113,15 +113,27 @@ pub(crate) fn stat_fs(r: pb::StatFsReply) -> (u64, StatFs) {
     (r.node_id, usage)
 }
 
-/// `StatusReply`: the node's partitions and its data file system.
-pub(crate) fn status(r: pb::StatusReply) -> (Vec<PartitionStatus>, NodeSpace) {
+/// `StatusReply`: the node's partitions, its data file system, its memory and its log.
+pub(crate) fn status(r: pb::StatusReply) -> (Vec<PartitionStatus>, NodeSpace, NodeLoad) {
+    let load = NodeLoad {
+        resident: r.memory_resident,
+        peak_resident: r.memory_peak_resident,
+        memtables: r.memory_memtables,
+        cache: r.memory_cache,
+        log_appends: r.log_appends,
+        log_syncs: r.log_syncs,
+    };
     let space = NodeSpace {
         level: r.space_level,
         used: r.space_used,
         total: r.space_total_bytes,
         usable: r.space_usable_bytes,
     };
-    (r.partitions.into_iter().map(Into::into).collect(), space)
+    (
+        r.partitions.into_iter().map(Into::into).collect(),
+        space,
+        load,
+    )
 }
 
 /// `OpenReply` (to `Open` and `ReadWhole`): attributes, layout, and a small file's body
