@@ -249,7 +249,9 @@ impl Client {
     }
 
     /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long; with
-    /// an `open_session` (nonzero), only while that session is held.
+    /// an `open_session` (nonzero), only while that session is held. `view` is the
+    /// generation of the layout the chunks' list started from (`u64::MAX` when every chunk
+    /// was stored for this commit).
     pub(crate) async fn rpc_commit_layout(
         &self,
         ino: Ino,
@@ -257,6 +259,7 @@ impl Client {
         chunk_size: u32,
         chunks: &[ChunkRef],
         open_session: u64,
+        view: u64,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
@@ -269,6 +272,7 @@ impl Client {
                     chunks,
                     ANY_GENERATION,
                     open_session,
+                    view,
                 );
                 self.call(p, ReadKind::Write, move |mut c| {
                     let req = req.clone();
@@ -496,7 +500,9 @@ impl Client {
             .try_collect()
             .await?;
         let held = session.held().await?;
-        self.rpc_commit_layout(ino, data.len() as u64, chunk_size as u32, &refs, held)
+        // Every chunk named was stored above: no view of an older layout to check.
+        let view = u64::MAX;
+        self.rpc_commit_layout(ino, data.len() as u64, chunk_size as u32, &refs, held, view)
             .await
     }
 }

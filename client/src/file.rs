@@ -451,7 +451,15 @@ impl Core {
         }
         let attr = self
             .client
-            .rpc_commit_layout(self.ino, self.size, cs as u32, &refs, session)
+            .rpc_commit_layout(
+                self.ino,
+                self.size,
+                cs as u32,
+                &refs,
+                session,
+                // The layout `refs` started from: the open's, or this File's last commit's.
+                self.attr.generation,
+            )
             .await?;
         c.refs = refs;
         self.attr = attr;

@@ -189,3 +189,76 @@ async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
     assert!(gone, "the closed unlinked files were not reclaimed");
     fx.shutdown().await;
 }
+
+/// Chunks on all of `fx`'s nodes' partitions.
+fn chunk_count(fx: &Fixture) -> usize {
+    let node = &fx.cluster.node(1).expect("node").node;
+    node.partitions
+        .values()
+        .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
+        .sum()
+}
+
+/// A checkpoint rewritten in place (`O_TRUNC`, as `torch.save` to the same name does)
+/// while a reader and another writer have it open: neither loses a byte, however long past
+/// the unlinked grace (here 1 s) they stay open, since their open sessions hold the chunks
+/// the rewrite took out of the layout; the other writer's later commit, which names some of
+/// them again (the last writer's layout wins), reads back whole. Once every File is closed,
+/// the chunks no layout names any more go after that grace, not the chunk collector's (ten
+/// minutes by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_rewritten_in_place_keeps_its_readers_and_gives_back_its_chunks() {
+    const CHUNK: usize = 64 << 10;
+    let fx = Fixture::start_with(1, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
+    })
+    .await;
+    let c = &fx.client;
+    let mut v1 = vec![0u8; 6 * CHUNK];
+    fill(1 << 40, &mut v1);
+    c.write_file("/ckpt", &v1).await.expect("write v1");
+    let mut reader = c
+        .open("/ckpt", OpenOptions::read_only())
+        .await
+        .expect("open a reader");
+    let mut patcher = c
+        .open("/ckpt", OpenOptions::read_write())
+        .await
+        .expect("open a second writer");
+    patcher.write_all(b"patched").await.expect("patch");
+
+    let mut v2 = vec![0u8; 6 * CHUNK];
+    fill(2 << 40, &mut v2);
+    let mut rewrite = c
+        .open("/ckpt", OpenOptions::create_truncate())
+        .await
+        .expect("open to rewrite");
+    rewrite.write_all(&v2).await.expect("write v2");
+    rewrite.shutdown().await.expect("commit v2");
+    drop(rewrite);
+    assert!(c.read_file("/ckpt").await.expect("read v2") == v2);
+
+    // Several of the collector's rounds (250 ms apart at this grace) past the grace.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let mut got = Vec::new();
+    reader.read_to_end(&mut got).await.expect("read v1");
+    assert!(got == v1, "the reader's contents changed under it");
+    patcher.shutdown().await.expect("commit the patch");
+    let mut patched = v1.clone();
+    patched[..7].copy_from_slice(b"patched");
+    assert!(
+        c.read_file("/ckpt").await.expect("read the patch") == patched,
+        "the last writer's layout, v1's chunks in it, differs"
+    );
+    drop((reader, patcher));
+
+    // v1's chunks 1-5 are named again; its chunk 0 and all of v2's are not.
+    let live = 6;
+    let gone = common::eventually(std::time::Duration::from_secs(30), || async {
+        chunk_count(&fx) == live
+    })
+    .await;
+    assert!(gone, "{} chunks left, {live} named", chunk_count(&fx));
+    assert!(c.read_file("/ckpt").await.expect("read back") == patched);
+    fx.shutdown().await;
+}

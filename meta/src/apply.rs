@@ -26,7 +26,7 @@ use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
 };
 use crate::view::View;
-use talon_model::{Attr, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
+use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
 pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
@@ -43,7 +43,8 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::SetAttr { ino, .. }
             | Op::Xattr { ino, .. }
             | Op::WriteBody { ino, .. }
-            | Op::CommitLayout { ino, .. } => keys::inode(*ino),
+            | Op::CommitLayout { ino, .. }
+            | Op::ReclaimDropped { ino, .. } => keys::inode(*ino),
             Op::SetClass { dir, .. } => keys::inode(*dir),
             Op::BumpEpoch(_) => keys::EPOCH_LOCK.to_vec(),
             Op::RecordRequest { id, .. } => keys::request(*id),
@@ -57,6 +58,7 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::ForgetRequests(_)
             | Op::HoldOpen { .. }
             | Op::EndOpens(_)
+            | Op::ExpectView { .. }
             | Op::TouchDir { .. } => continue,
         };
         if !out.contains(&k) {
@@ -383,6 +385,21 @@ impl Applier {
                             r.attr.generation
                         ))));
                     }
+                    if let Op::CommitLayout { chunks, .. } = op {
+                        if let Err(e) = check_view(v, ops, *ino, &r.layout, chunks)? {
+                            return Ok(Err(e));
+                        }
+                    }
+                }
+                Op::ReclaimDropped {
+                    ino,
+                    chunks,
+                    before_ms,
+                    now_ms,
+                } => {
+                    if let Err(e) = check_reclaim(v, *ino, chunks, *before_ms, *now_ms)? {
+                        return Ok(Err(e));
+                    }
                 }
                 Op::RecordRequest { id, .. } => {
                     if v.get(&keys::request(*id))?.is_some() {
@@ -402,6 +419,7 @@ impl Applier {
                 | Op::ReclaimUnlinked(_)
                 | Op::ForgetRequests(_)
                 | Op::EndOpens(_)
+                | Op::ExpectView { .. }
                 | Op::TouchDir { .. } => {}
                 Op::HoldOpen {
                     ino,
@@ -557,10 +575,12 @@ impl Applier {
                     let Some(mut rec) = v.inode(*ino)? else {
                         continue;
                     };
+                    let old = rec.layout.clone();
                     if let Some(size) = change.size {
                         self.truncate_contents(v, *ino, &mut rec, size)?;
                     }
                     apply_change(&mut rec.attr, change, *now);
+                    note_dropped(v, *ino, &old, &rec.layout, now, rec.attr.generation)?;
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
                 }
@@ -626,7 +646,8 @@ impl Applier {
                     rec.attr.generation += 1;
                     rec.attr.mtime = *now;
                     rec.attr.ctime = *now;
-                    rec.layout = Layout::Small;
+                    let old = std::mem::replace(&mut rec.layout, Layout::Small);
+                    note_dropped(v, *ino, &old, &rec.layout, now, rec.attr.generation)?;
                     v.put(keys::body(*ino), enc(&BodyRec::new(data.clone())));
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
@@ -665,10 +686,12 @@ impl Applier {
                     rec.attr.generation += 1;
                     rec.attr.mtime = *now;
                     rec.attr.ctime = *now;
-                    rec.layout = Layout::Chunked {
+                    let new = Layout::Chunked {
                         chunk_size: *chunk_size,
                         chunks: chunks.clone(),
                     };
+                    let old = std::mem::replace(&mut rec.layout, new);
+                    note_dropped(v, *ino, &old, &rec.layout, now, rec.attr.generation)?;
                     v.del(keys::body(*ino));
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
@@ -723,10 +746,24 @@ impl Applier {
                         v.del(keys::open_hold(*ino, *session));
                     }
                 }
+                Op::ReclaimDropped { ino, chunks, .. } => {
+                    // Checked: every record is there. The newest generation they were
+                    // dropped by marks the file.
+                    let mut newest = reclaimed_generation(v, *ino)?;
+                    for &(w, i) in chunks {
+                        let k = keys::dropped(*ino, w, i);
+                        if let Some(b) = v.get(&k)? {
+                            newest = newest.max(dropped_record(&b)?.1);
+                        }
+                        v.del(k);
+                    }
+                    v.put(keys::reclaimed_gen(*ino), newest.to_le_bytes().to_vec());
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
-                | Op::ExpectInode { .. } => {}
+                | Op::ExpectInode { .. }
+                | Op::ExpectView { .. } => {}
             }
         }
         out.epoch = v.epoch()?;
@@ -765,7 +802,11 @@ impl Applier {
     }
 
     fn drop_inode(&self, v: &mut View<'_>, ino: Ino) -> Result<(), Fatal> {
-        for prefix in [keys::xattr_prefix(ino), keys::open_hold_prefix(ino)] {
+        for prefix in [
+            keys::xattr_prefix(ino),
+            keys::open_hold_prefix(ino),
+            keys::dropped_prefix(ino),
+        ] {
             for k in v.keys_with_prefix(&prefix)? {
                 v.del(k);
             }
@@ -776,9 +817,162 @@ impl Applier {
             }
         }
         v.del(keys::body(ino));
+        v.del(keys::reclaimed_gen(ino));
         v.del(keys::inode(ino));
         v.add_counter(meta::INODES, -1)
     }
+}
+
+/// The stored chunks a layout names: (write id, index); holes name none.
+fn named_chunks(layout: &Layout) -> std::collections::BTreeSet<(u64, u32)> {
+    match layout {
+        Layout::Small => Default::default(),
+        Layout::Chunked { chunks, .. } => chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.write_id != 0)
+            .map(|(i, c)| (c.write_id, i as u32))
+            .collect(),
+    }
+}
+
+/// A dropped-chunk record: the dropping commit's time (ms, first, as every timed record)
+/// and the generation it made.
+fn dropped_value(at_ms: u64, generation: u64) -> Vec<u8> {
+    let mut b = at_ms.to_le_bytes().to_vec();
+    b.extend_from_slice(&generation.to_le_bytes());
+    b
+}
+
+/// (time in ms, generation) of a dropped-chunk record.
+fn dropped_record(b: &[u8]) -> Result<(u64, u64), Fatal> {
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    };
+    word(0)
+        .zip(word(8))
+        .ok_or_else(|| Fatal::Corrupt(format!("dropped-chunk record of {} bytes", b.len())))
+}
+
+/// The newest generation of `ino` whose dropped chunks were reclaimed (0: none).
+fn reclaimed_generation(v: &View<'_>, ino: Ino) -> Result<u64, Fatal> {
+    let Some(b) = v.get(&keys::reclaimed_gen(ino))? else {
+        return Ok(0);
+    };
+    let b: [u8; 8] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| Fatal::Corrupt(format!("reclaimed generation of {ino}")))?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Records the chunks that `old` named and `new` does not as dropped by the change that
+/// made `generation` at `now`, for `ReclaimDropped`, and forgets the records of chunks
+/// that `new` names again (a writer that still had them in its view).
+fn note_dropped(
+    v: &mut View<'_>,
+    ino: Ino,
+    old: &Layout,
+    new: &Layout,
+    now: &Time,
+    generation: u64,
+) -> Result<(), Fatal> {
+    let (old, new) = (named_chunks(old), named_chunks(new));
+    for &(w, i) in old.difference(&new) {
+        v.put(
+            keys::dropped(ino, w, i),
+            dropped_value(now.as_millis(), generation),
+        );
+    }
+    // Most commits name chunks never dropped: look for records only if the file has any.
+    let renamed: Vec<_> = new.difference(&old).collect();
+    if !renamed.is_empty() && v.prefix_any(&keys::dropped_prefix(ino))? {
+        for &(w, i) in renamed {
+            let k = keys::dropped(ino, w, i);
+            if v.get(&k)?.is_some() {
+                v.del(k);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The check of a commit of `chunks` to `ino`, whose layout is `current`, against
+/// reclaimed chunks: a writer whose view (`Op::ExpectView` in `ops`, 0 without one) is
+/// older than the newest generation whose dropped chunks were reclaimed may name only
+/// chunks of the current layout and chunks never named by one; it cannot tell which of
+/// its others are gone, so it is refused unless all it names are current.
+fn check_view(
+    v: &View<'_>,
+    ops: &[Op],
+    ino: Ino,
+    current: &Layout,
+    chunks: &[ChunkRef],
+) -> Result<Result<(), ApplyError>, Fatal> {
+    let reclaimed = reclaimed_generation(v, ino)?;
+    if reclaimed == 0 {
+        return Ok(Ok(()));
+    }
+    let view = ops
+        .iter()
+        .find_map(|o| match o {
+            Op::ExpectView { ino: i, generation } if *i == ino => Some(*generation),
+            _ => None,
+        })
+        .unwrap_or(0);
+    if view >= reclaimed {
+        return Ok(Ok(()));
+    }
+    let current = named_chunks(current);
+    let foreign = chunks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.write_id != 0)
+        .find(|(i, c)| !current.contains(&(c.write_id, *i as u32)));
+    Ok(match foreign {
+        None => Ok(()),
+        Some((i, c)) => Err(posix(
+            Errno::EIO,
+            format!(
+                "inode {ino}: this writer's view of the file is of generation {view}, and \
+                 chunks dropped by generation {reclaimed} were reclaimed since; chunk {i} \
+                 (write {:#x}) may be one of them",
+                c.write_id
+            ),
+        )),
+    })
+}
+
+/// The check of `ReclaimDropped`: each chunk recorded as dropped at or before `before_ms`
+/// and not named by the current layout, and no open session on the file held at `now_ms`.
+fn check_reclaim(
+    v: &View<'_>,
+    ino: Ino,
+    chunks: &[(u64, u32)],
+    before_ms: u64,
+    now_ms: u64,
+) -> Result<Result<(), ApplyError>, Fatal> {
+    let Some(rec) = v.inode(ino)? else {
+        return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
+    };
+    if v.open_holds(ino)?.iter().any(|&(_, until)| until >= now_ms) {
+        return Ok(Err(ApplyError::Locked(format!(
+            "inode {ino} is open: its dropped chunks stay"
+        ))));
+    }
+    let current = named_chunks(&rec.layout);
+    for &(w, i) in chunks {
+        let due = match v.get(&keys::dropped(ino, w, i))? {
+            Some(b) => dropped_record(&b)?.0 <= before_ms,
+            None => false,
+        };
+        if !due || current.contains(&(w, i)) {
+            return Ok(Err(ApplyError::Locked(format!(
+                "chunk {i} (write {w:#x}) of inode {ino} is not a dropped chunk due"
+            ))));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Whether a non-directory has lost its last name and waits, readable by inode, to be
@@ -1522,5 +1716,156 @@ mod tests {
             matches!(&r, CommandResult::Failed(ApplyError::Posix(e, _)) if Errno(*e) == Errno::ENOENT),
             "{r:?}"
         );
+    }
+
+    /// Chunks a change takes out of a layout are recorded on the file's home, and
+    /// forgotten when a commit names them again; `ReclaimDropped` takes them only when all
+    /// are due, none is named and no open session holds the file; after it, a writer
+    /// whose view is older may name only the current layout's chunks.
+    #[test]
+    fn dropped_chunks_are_recorded_reclaimed_and_not_named_again() {
+        let mut fx = Fixture::new();
+        let f = fx.f;
+        let at = NOW.as_millis();
+        let chunk = |write_id| ChunkRef { write_id, len: 10 };
+        let commit = |chunks: Vec<ChunkRef>| Op::CommitLayout {
+            ino: f,
+            size: 10 * chunks.len() as u64,
+            chunk_size: 10,
+            chunks,
+            expect_generation: 0,
+            now: NOW,
+        };
+        let dropped = |fx: &Fixture| -> Vec<(u64, u32)> {
+            let view = fx.view();
+            let keys = view
+                .keys_with_prefix(&keys::dropped_prefix(f))
+                .expect("scan");
+            keys.iter()
+                .filter_map(|k| keys::chunk_of(k))
+                .map(|(_, w, i)| (w, i))
+                .collect()
+        };
+        let generation = |fx: &Fixture| {
+            fx.view()
+                .inode(f)
+                .expect("read")
+                .expect("f")
+                .attr
+                .generation
+        };
+        let applied = |r: &CommandResult| matches!(r, CommandResult::Applied(_));
+
+        // Three chunks of write 1, then a rewrite by write 2 that keeps the middle one.
+        assert!(applied(&fx.run(vec![commit(vec![
+            chunk(1),
+            chunk(1),
+            chunk(1)
+        ])])));
+        assert!(dropped(&fx).is_empty());
+        assert!(applied(&fx.run(vec![commit(vec![chunk(2), chunk(1)])])));
+        let rewrite = generation(&fx);
+        assert_eq!(dropped(&fx), vec![(1, 0), (1, 2)]);
+        // A writer with the old view names (1, 2) again: its record goes.
+        assert!(applied(&fx.run(vec![commit(vec![
+            chunk(2),
+            chunk(1),
+            chunk(1)
+        ])])));
+        assert_eq!(dropped(&fx), vec![(1, 0)]);
+        // A truncate drops the chunks past the end, a small body all of them.
+        let cut = AttrChange {
+            size: Some(10),
+            ..AttrChange::default()
+        };
+        let r = fx.run(vec![Op::SetAttr {
+            ino: f,
+            change: cut,
+            now: NOW,
+        }]);
+        assert!(applied(&r), "{r:?}");
+        assert_eq!(dropped(&fx), vec![(1, 0), (1, 1), (1, 2)]);
+        assert!(applied(&fx.run(vec![commit(vec![chunk(3), chunk(3)])])));
+        assert_eq!(dropped(&fx), vec![(1, 0), (1, 1), (1, 2), (2, 0)]);
+        let last = generation(&fx);
+
+        let reclaim = |chunks: Vec<(u64, u32)>, before_ms: u64| Op::ReclaimDropped {
+            ino: f,
+            chunks,
+            before_ms,
+            now_ms: at + 1_000,
+        };
+        // Refused, and nothing taken: a chunk not yet due, one never dropped, one named by
+        // the layout, a file an open session holds.
+        let all = vec![(1, 0), (1, 1), (1, 2), (2, 0)];
+        let refused = [
+            reclaim(all.clone(), at - 1),
+            reclaim(vec![(1, 0), (9, 0)], at),
+            reclaim(vec![(3, 0)], at),
+        ];
+        for op in refused {
+            let r = fx.run(vec![op.clone()]);
+            assert!(
+                matches!(r, CommandResult::Failed(ApplyError::Locked(_))),
+                "{op:?}: {r:?}"
+            );
+        }
+        let hold = Op::HoldOpen {
+            ino: f,
+            session: 5,
+            renew: false,
+            now_ms: at,
+            until_ms: at + 2_000,
+        };
+        assert!(applied(&fx.run(vec![hold])));
+        let r = fx.run(vec![reclaim(all.clone(), at)]);
+        assert!(
+            matches!(r, CommandResult::Failed(ApplyError::Locked(_))),
+            "{r:?}"
+        );
+        assert_eq!(dropped(&fx), all);
+        assert!(applied(&fx.run(vec![Op::EndOpens(vec![(f, 5)])])));
+        let r = fx.run(vec![reclaim(all, at)]);
+        assert!(applied(&r), "{r:?}");
+        assert!(dropped(&fx).is_empty());
+
+        // A writer whose view predates the reclaim: chunks outside the layout refused...
+        let view = |generation| Op::ExpectView { ino: f, generation };
+        for stale in [0, rewrite] {
+            let r = fx.run(vec![view(stale), commit(vec![chunk(3), chunk(1)])]);
+            assert!(
+                matches!(&r, CommandResult::Failed(ApplyError::Posix(e, _)) if Errno(*e) == Errno::EIO),
+                "{r:?}"
+            );
+        }
+        let r = fx.run(vec![commit(vec![chunk(7)])]);
+        assert!(
+            !applied(&r),
+            "a commit without a view counts as the oldest: {r:?}"
+        );
+        // ...the current layout's chunks allowed; a newer view names what it stored.
+        assert!(applied(
+            &fx.run(vec![view(rewrite), commit(vec![chunk(3)])])
+        ));
+        assert!(applied(
+            &fx.run(vec![view(last), commit(vec![chunk(3), chunk(4)])])
+        ));
+        assert!(applied(
+            &fx.run(vec![view(u64::MAX), commit(vec![chunk(5)])])
+        ));
+
+        // The records and the mark go with the inode.
+        ok_drop(&mut fx, f);
+        assert!(dropped(&fx).is_empty());
+        assert!(fx
+            .view()
+            .get(&keys::reclaimed_gen(f))
+            .expect("read")
+            .is_none());
+    }
+
+    fn ok_drop(fx: &mut Fixture, ino: Ino) {
+        let r = fx.run(vec![Op::DropInode(ino)]);
+        assert!(matches!(r, CommandResult::Applied(_)), "{r:?}");
     }
 }

@@ -8,7 +8,9 @@
 //!   entry that writes them, so every replica holds the same bytes.
 //! - A chunk (`K` ‖ ino ‖ write id ‖ index) lives on `chunk_partition(ino, index)`. It is
 //!   invisible until a `CommitLayout` on the home partition names it. A file reclaimed
-//!   after its unlinked grace takes its chunks with it; other chunks that no layout names
+//!   after its unlinked grace takes its chunks with it, and chunks a commit took out of a
+//!   live file's layout go after that grace too once no open session holds the file
+//!   (`Files::collect_dropped`); other chunks that no layout names
 //!   and that are older than `chunk_gc_grace_ms` are dropped by the leader's garbage
 //!   collector (writers that died, overwritten generations), once the leader has also
 //!   seen them so for that grace on its own monotonic clock, so that no clock's jump
@@ -333,7 +335,9 @@ impl<'a> Files<'a> {
     }
 
     /// Makes a chunked layout the file's contents. A writer that holds open session
-    /// `session` (nonzero) commits only while the session is held, and renews it.
+    /// `session` (nonzero) commits only while the session is held, and renews it. `view`
+    /// is the generation of the layout the writer's chunks started from (see
+    /// `Op::ExpectView`).
     #[allow(clippy::too_many_arguments)]
     pub async fn commit_layout(
         &self,
@@ -344,6 +348,7 @@ impl<'a> Files<'a> {
         layout: Layout,
         expect_generation: u64,
         session: u64,
+        view: u64,
     ) -> Result<Attr, TalonError> {
         let part = self.node.home_part(p, ino)?;
         let cs = self.chunk_size();
@@ -363,6 +368,10 @@ impl<'a> Files<'a> {
         if session != 0 {
             ops.push(self.hold_op(ino, session, true));
         }
+        ops.push(Op::ExpectView {
+            ino,
+            generation: view,
+        });
         ops.push(Op::CommitLayout {
             ino,
             size,
@@ -532,6 +541,107 @@ impl<'a> Files<'a> {
             let what = "reclaiming unlinked files";
             propose_in_batches(*p, unheld, reclaim, |c| part.propose(c), what).await;
             self.drop_chunks_of_gone(part, chunks).await;
+        }
+    }
+
+    /// One round of reclaiming the chunks that commits took out of files' layouts (an
+    /// `O_TRUNC` rewrite, an overwrite, a truncate) on the partitions this node leads,
+    /// rather than leaving them to the chunk collector's grace (`chunk_gc_grace_ms`, twice
+    /// over), which a checkpoint rewritten in place otherwise waited out on the disk. A
+    /// chunk goes once it was dropped `unlinked_grace_ms` ago by the leader's wall clock
+    /// and this node has found it so for that grace more on its monotonic clock (at once
+    /// while the disk is nearly full, as unlinked files), and no open session holds its
+    /// file: every reader or writer open longer than a quarter of that grace holds one,
+    /// so one that might still read the chunk or name it again in a commit keeps it.
+    /// The file's home first marks the chunks reclaimed (`Op::ReclaimDropped`), which
+    /// refuses a later commit from a writer whose view is older and names chunks outside
+    /// the current layout; then they are dropped where they are stored. What fails here
+    /// is left to the chunk collector.
+    pub async fn collect_dropped(&self) {
+        let grace = self.node.config.cluster.unlinked_grace_ms;
+        let short = self.node.space.level() >= crate::space::Level::NearFull;
+        let now = crate::clock::now().as_millis();
+        let before_ms = if short {
+            now
+        } else {
+            now.saturating_sub(grace)
+        };
+        let partitions = self.node.config.cluster.partitions;
+        for (p, part) in &self.node.partitions {
+            if part.leader() != Some(self.node.config.node_id) {
+                self.node.dropped_due.forget(*p);
+                continue;
+            }
+            let due = match part.store.dropped(self.scan_limit(), |at| at <= before_ms) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(partition = p, "scan dropped chunks: {e}");
+                    continue;
+                }
+            };
+            let hold = Duration::from_millis(if short { 0 } else { grace });
+            let due = self.node.dropped_due.confirmed(*p, due, hold);
+            let mut by_file: BTreeMap<Ino, Vec<(u64, u32)>> = BTreeMap::new();
+            for (ino, w, i) in due {
+                by_file.entry(ino).or_default().push((w, i));
+            }
+            // A file a session holds keeps its chunks (the apply checks it again).
+            by_file.retain(|&ino, _| {
+                part.store
+                    .read(|v| v.open_holds(ino))
+                    .is_ok_and(|holds| holds.iter().all(|&(_, until)| until < now))
+            });
+            if by_file.is_empty() {
+                continue;
+            }
+            let files: Vec<(Ino, Vec<(u64, u32)>)> = by_file.into_iter().collect();
+            let cmd = Command::Batch(
+                files
+                    .iter()
+                    .map(|(ino, chunks)| {
+                        Command::Atomic(vec![Op::ReclaimDropped {
+                            ino: *ino,
+                            chunks: chunks.clone(),
+                            before_ms,
+                            now_ms: now,
+                        }])
+                    })
+                    .collect(),
+            );
+            let results = match part.propose(cmd).await {
+                Ok(CommandResult::Batch(r)) => r,
+                Ok(other) => {
+                    tracing::error!(partition = p, "reclaiming dropped chunks: {other:?}");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(partition = p, "reclaiming dropped chunks deferred: {e}");
+                    continue;
+                }
+            };
+            let mut by_partition: BTreeMap<u32, Vec<(Ino, u64, u32)>> = BTreeMap::new();
+            for ((ino, chunks), r) in files.into_iter().zip(results) {
+                if !matches!(r, CommandResult::Applied(_)) {
+                    continue;
+                }
+                for (w, i) in chunks {
+                    by_partition
+                        .entry(chunk_partition(ino, i, partitions))
+                        .or_default()
+                        .push((ino, w, i));
+                }
+            }
+            for (q, chunks) in by_partition {
+                let n = chunks.len();
+                let propose = |c| self.node.propose_on(q, c);
+                let what = "dropping chunks taken out of layouts";
+                propose_in_batches(q, chunks, |b| vec![Op::DropChunks(b)], propose, what).await;
+                tracing::info!(
+                    partition = q,
+                    chunks = n,
+                    "reclaimed chunks taken out of layouts"
+                );
+            }
         }
     }
 
@@ -786,6 +896,7 @@ pub async fn gc_loop(node: Arc<Node>, cancel: CancellationToken) {
                 // `Node::shutdown`, which waits for this task). The next start redoes it.
                 let round = async {
                     files.collect_unlinked().await;
+                    files.collect_dropped().await;
                     files.collect_requests().await;
                     files.collect_open_holds().await;
                     if tokio::time::Instant::now() >= chunks_due {

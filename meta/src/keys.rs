@@ -61,6 +61,13 @@ pub mod tag {
     pub const REQUEST: u8 = b'R';
     /// Open sessions held on files, with the time (ms) until which each is held.
     pub const WRITE_HOLD: u8 = b'H';
+    /// Chunks a commit took out of a file's layout (an `O_TRUNC` rewrite, an overwrite, a
+    /// truncate), with the commit's time and the generation it made: kept on the file's
+    /// home until they are reclaimed or named again.
+    pub const DROPPED: u8 = b'O';
+    /// Per file, the newest generation whose dropped chunks were reclaimed: a writer whose
+    /// view of the layout is older may not name chunks outside the current layout.
+    pub const RECLAIMED_GEN: u8 = b'G';
 }
 
 /// Bits of a chunk's write id below its open session (`write_id >> SESSION_SHIFT`).
@@ -124,7 +131,25 @@ pub fn chunk_time(ino: Ino, write_id: u64, index: u32) -> Vec<u8> {
     k
 }
 
-/// Decodes (ino, write id, index) from a chunk or chunk-time key.
+/// Key of the record of chunk `index` written by `write_id`, which a commit took out of the
+/// layout of `ino` (see [`tag::DROPPED`]).
+pub fn dropped(ino: Ino, write_id: u64, index: u32) -> Vec<u8> {
+    let mut k = chunk(ino, write_id, index);
+    k[0] = tag::DROPPED;
+    k
+}
+
+/// The prefix of every dropped-chunk record of `ino`.
+pub fn dropped_prefix(ino: Ino) -> Vec<u8> {
+    with_ino(tag::DROPPED, ino)
+}
+
+/// Key of the newest generation of `ino` whose dropped chunks were reclaimed.
+pub fn reclaimed_gen(ino: Ino) -> Vec<u8> {
+    with_ino(tag::RECLAIMED_GEN, ino)
+}
+
+/// Decodes (ino, write id, index) from a chunk, chunk-time or dropped-chunk key.
 pub fn chunk_of(key: &[u8]) -> Option<(Ino, u64, u32)> {
     let ino = ino_at(key, 1)?;
     let w: [u8; 8] = key.get(9..17)?.try_into().ok()?;

@@ -119,6 +119,9 @@ pub struct Node {
     /// Unreferenced chunks (inode, write id, index) found (see
     /// `data::Files::collect_chunks`).
     pub(crate) chunks_due: DueSince<(Ino, u64, u32)>,
+    /// Chunks taken out of a layout (inode, write id, index) found due (see
+    /// `data::Files::collect_dropped`).
+    pub(crate) dropped_due: DueSince<(Ino, u64, u32)>,
 }
 
 impl std::fmt::Debug for Node {
@@ -278,6 +281,7 @@ impl Node {
             requests_due: DueSince::default(),
             txns_due: DueSince::default(),
             chunks_due: DueSince::default(),
+            dropped_due: DueSince::default(),
         });
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);

@@ -549,6 +549,7 @@ impl NamespaceSvc for Api {
                 layout,
                 r.expect_generation,
                 r.open_session,
+                r.view_generation,
             )
             .await?;
         Ok(Response::new(pb::AttrReply {

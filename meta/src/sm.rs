@@ -1001,6 +1001,18 @@ impl SmStore {
         })
     }
 
+    /// Chunks that commits took out of layouts, dropped at a time (ms) for which `due`
+    /// holds: (ino, write id, index), at most `limit`.
+    pub fn dropped(
+        &self,
+        limit: usize,
+        due: impl Fn(u64) -> bool,
+    ) -> Result<Vec<(Ino, u64, u32)>, Fatal> {
+        self.timed_records(keys::tag::DROPPED, limit, |k, at| {
+            keys::chunk_of(k).filter(|_| due(at))
+        })
+    }
+
     /// Unlinked files waiting to be reclaimed, with when they lost their last name:
     /// (ino, ms), at most `limit`.
     pub fn unlinked(&self, limit: usize) -> Result<Vec<(Ino, u64)>, Fatal> {

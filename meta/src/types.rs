@@ -287,6 +287,33 @@ pub enum Op {
     },
     /// End open sessions (a writer done with its file, or sessions long expired).
     EndOpens(Vec<(Ino, u64)>),
+    /// Precondition of a `CommitLayout` of `ino` in the same op list: the writer's view of
+    /// the layout is of `generation` (0: unknown). If chunks that a later commit took out
+    /// of the layout have been reclaimed since (`ReclaimDropped`), the writer may name
+    /// only chunks of the current layout (refused with EIO otherwise): any other chunk it
+    /// names may be gone. A commit without it is checked as one with 0.
+    ExpectView {
+        /// The file.
+        ino: Ino,
+        /// The generation the writer's layout came from.
+        generation: u64,
+    },
+    /// Reclaim chunks that commits took out of the layout of `ino` (dropped-chunk records),
+    /// all or none: refused unless each is recorded, was dropped at or before `before_ms`,
+    /// is not named by the current layout, and no open session on the file is held at
+    /// `now_ms` (a reader or writer that may still use them). Marks the file so a writer
+    /// with an older view cannot name them again (`ExpectView`); the leader then drops
+    /// the chunks where they are stored.
+    ReclaimDropped {
+        /// The file.
+        ino: Ino,
+        /// (write id, index) of each chunk.
+        chunks: Vec<(u64, u32)>,
+        /// The dropping commits' latest time (ms) allowed: the grace's end.
+        before_ms: u64,
+        /// Leader wall clock (ms) at proposal.
+        now_ms: u64,
+    },
 }
 
 /// A command in a partition's Raft log.

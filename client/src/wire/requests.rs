@@ -323,7 +323,9 @@ pub(crate) fn get_chunk(
 
 /// `CommitLayoutRequest`: `chunks` of `chunk_size` become the contents of `ino`, `size`
 /// bytes long, if it is at `expect_generation` (0: whatever its generation) and, when
-/// `open_session` is nonzero, while that open session is held.
+/// `open_session` is nonzero, while that open session is held. `view` is the generation
+/// the writer's list of chunks started from (`u64::MAX`: all stored for this commit).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn commit_layout(
     h: Header,
     ino: Ino,
@@ -332,6 +334,7 @@ pub(crate) fn commit_layout(
     chunks: &[ChunkRef],
     expect_generation: u64,
     open_session: u64,
+    view: u64,
 ) -> pb::CommitLayoutRequest {
     pb::CommitLayoutRequest {
         header: h.wire(),
@@ -341,6 +344,7 @@ pub(crate) fn commit_layout(
         chunks: chunks.iter().map(pb::ChunkRef::from).collect(),
         expect_generation,
         open_session,
+        view_generation: view,
     }
 }
 
