@@ -190,13 +190,18 @@ async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
     fx.shutdown().await;
 }
 
-/// Chunks on all of `fx`'s nodes' partitions.
-fn chunk_count(fx: &Fixture) -> usize {
-    let node = &fx.cluster.node(1).expect("node").node;
+/// Chunks on all of node `id`'s partitions.
+fn chunk_count_on(fx: &Fixture, id: u64) -> usize {
+    let node = &fx.cluster.node(id).expect("node").node;
     node.partitions
         .values()
         .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
         .sum()
+}
+
+/// Chunks on all of node 1's partitions (all of them, on one node).
+fn chunk_count(fx: &Fixture) -> usize {
+    chunk_count_on(fx, 1)
 }
 
 /// A checkpoint rewritten in place (`O_TRUNC`, as `torch.save` to the same name does)
@@ -260,5 +265,38 @@ async fn a_checkpoint_rewritten_in_place_keeps_its_readers_and_gives_back_its_ch
     .await;
     assert!(gone, "{} chunks left, {live} named", chunk_count(&fx));
     assert!(c.read_file("/ckpt").await.expect("read back") == patched);
+    fx.shutdown().await;
+}
+
+/// On three nodes (R = 3), the leader of a rewritten file's home stopped right after the
+/// rewrite: the next leader finds the dropped chunks due afresh and reclaims them on every
+/// partition that holds them, and the new contents read back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_a_rewrite_took_out_are_reclaimed_after_a_failover() {
+    const CHUNK: usize = 64 << 10;
+    let mut fx = Fixture::start_with(3, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
+    })
+    .await;
+    let c = fx.client.clone();
+    let mut v1 = vec![0u8; 6 * CHUNK];
+    fill(3 << 40, &mut v1);
+    let ino = c.write_file("/ckpt", &v1).await.expect("write v1").ino;
+    let mut v2 = vec![0u8; 6 * CHUNK];
+    fill(4 << 40, &mut v2);
+    c.write_file("/ckpt", &v2).await.expect("rewrite");
+    let victim = common::settled_leader(&fx.cluster, ino.home()).await;
+    fx.cluster.stop_node(victim).await;
+    let survivor = if victim == 1 { 2 } else { 1 };
+    let reclaimed = common::eventually(std::time::Duration::from_secs(60), || async {
+        chunk_count_on(&fx, survivor) == 6
+    })
+    .await;
+    assert!(
+        reclaimed,
+        "{} chunks left on node {survivor}, 6 named",
+        chunk_count_on(&fx, survivor)
+    );
+    assert!(c.read_file("/ckpt").await.expect("read back") == v2);
     fx.shutdown().await;
 }
