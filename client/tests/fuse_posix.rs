@@ -161,6 +161,46 @@ fn open_flags_offsets_and_truncate() {
     assert_eq!(fs::metadata(&p).expect("stat").len(), 100);
 }
 
+/// A file rewritten with `O_TRUNC` (as `torch.save` to the same name does) while another
+/// descriptor of it is open for writing, untouched: the truncate is the rewriting open's
+/// own, so the other descriptor's close commits nothing and the new contents stay. Without
+/// atomic `O_TRUNC`, the kernel sent the truncate as a SETATTR without a handle, the mount
+/// applied it through the first writable handle of the file (the idle one), and that
+/// handle's close committed an empty file over the rewrite. A read-only `O_TRUNC` open
+/// empties the file too.
+#[test]
+fn a_rewrite_with_o_trunc_is_its_own_beside_another_writer() {
+    let m = Mounted::start();
+    let p = m.path("ckpt");
+    fs::write(&p, b"the first checkpoint").expect("write");
+    let idle = OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open an idle writer");
+    let mut rewrite = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&p)
+        .expect("open to rewrite");
+    rewrite.write_all(b"second").expect("write");
+    drop(rewrite);
+    assert_eq!(read(&p), b"second");
+    drop(idle);
+    assert_eq!(
+        read(&p),
+        b"second",
+        "the idle writer's close kept the rewrite"
+    );
+
+    let trunc = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_TRUNC)
+        .open(&p)
+        .expect("open read-only with O_TRUNC");
+    drop(trunc);
+    assert_eq!(fs::metadata(&p).expect("stat").len(), 0);
+}
+
 #[test]
 fn unlinked_open_file_stays_readable_until_closed() {
     let m = Mounted::start();

@@ -521,6 +521,20 @@ impl Shared {
         Ok((fh, open_flags(attr.class, flags), attr))
     }
 
+    /// Empties file `a`, just opened as handle `fh` with `flags`, when they hold `O_TRUNC`
+    /// and it is not empty: through that handle if it writes, so the truncate and its
+    /// writes apply in order and no other handle of the file takes part; directly for a
+    /// read-only one (the kernel has checked the caller may write).
+    async fn truncate_at_open(&self, fh: u64, flags: i32, a: &Attr) -> Result<(), TalonError> {
+        if flags & libc::O_TRUNC == 0 || a.size == 0 {
+            return Ok(());
+        }
+        match self.files.get(fh) {
+            Some(f) if f.writable => f.set_len(0).await,
+            _ => data::truncate(&self.client, a.ino, 0).await,
+        }
+    }
+
     /// A deferred open of regular file `i` (no RPC; see [`OpenFile::deferred`]) when the
     /// kernel was shown it as relaxed and `flags` allow one. Returns the handle and the
     /// open flags for the kernel.
@@ -597,6 +611,11 @@ impl Filesystem for TalonFs {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_BIG_WRITES,
+            // O_TRUNC comes with the OPEN and is applied through the handle it opens (see
+            // `open`): without it the kernel sends a SETATTR of size 0 without a handle
+            // after the open, which could reach another writer's handle of the file,
+            // one that its release was closing (EBADF at the truncating open's close).
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
         ] {
             if config.add_capabilities(cap).is_err() {
                 tracing::debug!("kernel lacks FUSE capability {cap:?}");
@@ -906,8 +925,13 @@ impl Filesystem for TalonFs {
         self.spawn(move |s| async move {
             // The kernel opens directories with opendir; the File refuses anything but a
             // regular file (EISDIR).
-            match s.open_file(ino(i), flags.0, None).await.map_err(stale) {
-                Ok((fh, f, _)) => reply.opened(FileHandle(fh), f),
+            let r = async {
+                let (fh, f, a) = s.open_file(ino(i), flags.0, None).await?;
+                s.truncate_at_open(fh, flags.0, &a).await?;
+                Ok((fh, f))
+            };
+            match r.await.map_err(stale) {
+                Ok((fh, f)) => reply.opened(FileHandle(fh), f),
                 Err(e) => reply.error(errno("open", &e)),
             }
         });
@@ -1322,12 +1346,8 @@ impl Filesystem for TalonFs {
                 if new && a.class == Class::Relaxed {
                     s.fresh.insert(a.ino, made);
                 }
-                if flags & libc::O_TRUNC != 0 && a.size > 0 {
-                    // The name existed already (a create without O_EXCL opens it).
-                    if let Some(f) = s.files.get(fh) {
-                        f.set_len(0).await?;
-                    }
-                }
+                // The name existed already (a create without O_EXCL opens it).
+                s.truncate_at_open(fh, flags, &a).await?;
                 Ok((s.with_open_size(a), fh, fflags))
             };
             match r.await {
