@@ -86,7 +86,6 @@ async fn one_gib_streams_in_and_out() {
 /// longer there, and the file read EIO after a close that had succeeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_open_past_the_chunk_grace_keeps_its_chunks() {
-    const CHUNK: usize = 64 << 10;
     let fx = Fixture::start_with(1, |b| {
         b.file_sizes(16 << 10, CHUNK as u32).chunk_gc_grace_ms(1000)
     })
@@ -124,11 +123,7 @@ async fn a_write_open_past_the_chunk_grace_keeps_its_chunks() {
 /// the unlink: the reader's next chunk failed with EIO and the writers' commits with ENOENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
-    const CHUNK: usize = 64 << 10;
-    let fx = Fixture::start_with(1, |b| {
-        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
-    })
-    .await;
+    let fx = short_unlinked_grace(1).await;
     let c = &fx.client;
     let mut old = vec![0u8; 6 * CHUNK + 5];
     fill(1 << 40, &mut old);
@@ -190,6 +185,18 @@ async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
     fx.shutdown().await;
 }
 
+/// Chunks of the tests with short graces.
+const CHUNK: usize = 64 << 10;
+
+/// A cluster of `nodes` whose files past 16 KiB are stored in chunks of `CHUNK` bytes, and
+/// whose unlinked files and chunks taken out of layouts are reclaimed after 1 s.
+async fn short_unlinked_grace(nodes: u64) -> Fixture {
+    Fixture::start_with(nodes, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
+    })
+    .await
+}
+
 /// Chunks on all of node `id`'s partitions.
 fn chunk_count_on(fx: &Fixture, id: u64) -> usize {
     let node = &fx.cluster.node(id).expect("node").node;
@@ -213,11 +220,7 @@ fn chunk_count(fx: &Fixture) -> usize {
 /// minutes by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_rewritten_in_place_keeps_its_readers_and_gives_back_its_chunks() {
-    const CHUNK: usize = 64 << 10;
-    let fx = Fixture::start_with(1, |b| {
-        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
-    })
-    .await;
+    let fx = short_unlinked_grace(1).await;
     let c = &fx.client;
     let mut v1 = vec![0u8; 6 * CHUNK];
     fill(1 << 40, &mut v1);
@@ -273,11 +276,7 @@ async fn a_checkpoint_rewritten_in_place_keeps_its_readers_and_gives_back_its_ch
 /// partition that holds them, and the new contents read back whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_a_rewrite_took_out_are_reclaimed_after_a_failover() {
-    const CHUNK: usize = 64 << 10;
-    let mut fx = Fixture::start_with(3, |b| {
-        b.file_sizes(16 << 10, CHUNK as u32).unlinked_grace_ms(1000)
-    })
-    .await;
+    let mut fx = short_unlinked_grace(3).await;
     let c = fx.client.clone();
     let mut v1 = vec![0u8; 6 * CHUNK];
     fill(3 << 40, &mut v1);

@@ -502,15 +502,7 @@ async fn chunks_no_layout_names_are_reclaimed() {
     fx.write_chunked(gone, 4, 1).await;
     fx.client.unlink("/gone").await.expect("unlink");
     assert_eq!(chunk_count(&node), 10);
-    eventually(
-        Duration::from_secs(120),
-        "garbage chunks to be reclaimed",
-        || {
-            let n = chunk_count(&node);
-            async move { (n == 4).then_some(()) }
-        },
-    )
-    .await;
+    chunks_come_to(&node, 4, 120, "garbage chunks to be reclaimed").await;
     // The live generation still reads back.
     assert_eq!(fx.read(ino).await, want);
     fx.cluster.shutdown().await;
@@ -693,17 +685,24 @@ async fn chunks_past_a_rounds_page_are_reclaimed_too() {
             .expect("put orphan");
     }
     assert_eq!(chunk_count(&node), 48);
-    eventually(
-        Duration::from_secs(60),
+    chunks_come_to(
+        &node,
+        24,
+        60,
         "the dead writer's chunks past the first page reclaimed",
-        || {
-            let n = chunk_count(&node);
-            async move { (n == 24).then_some(()) }
-        },
     )
     .await;
     assert_eq!(fx.read(ino).await, want);
     fx.cluster.shutdown().await;
+}
+
+/// Waits up to `secs` for `node` to hold `n` chunks, failing with `what` otherwise.
+async fn chunks_come_to(node: &talon_meta::node::Node, n: usize, secs: u64, what: &str) {
+    eventually(Duration::from_secs(secs), what, || {
+        let got = chunk_count(node);
+        async move { (got == n).then_some(()) }
+    })
+    .await;
 }
 
 fn chunk_count(node: &talon_meta::node::Node) -> usize {
@@ -779,13 +778,11 @@ async fn chunks_a_rewrite_took_out_go_after_the_unlinked_grace() {
     let want = fx.write_chunked(ckpt, 3, 3).await;
     let held_want = fx.write_chunked(held, 4, 2).await;
     assert_eq!(chunk_count(&node), 11);
-    eventually(
-        Duration::from_secs(60),
+    chunks_come_to(
+        &node,
+        7,
+        60,
         "the rewritten checkpoint's old chunks reclaimed",
-        || {
-            let n = chunk_count(&node);
-            async move { (n == 7).then_some(()) }
-        },
     )
     .await;
     // Rounds every 250 ms, the records due for 2 s by now: the held file keeps its old
@@ -793,13 +790,11 @@ async fn chunks_a_rewrite_took_out_go_after_the_unlinked_grace() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(chunk_count(&node), 7, "the held file's old chunks stay");
     fx.hold_or_end(held, S, false, true).await.expect("end");
-    eventually(
-        Duration::from_secs(60),
+    chunks_come_to(
+        &node,
+        5,
+        60,
         "the held file's old chunks reclaimed once its session ended",
-        || {
-            let n = chunk_count(&node);
-            async move { (n == 5).then_some(()) }
-        },
     )
     .await;
     assert_eq!(fx.read(ckpt).await, want);
