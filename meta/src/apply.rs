@@ -575,12 +575,15 @@ impl Applier {
                     let Some(mut rec) = v.inode(*ino)? else {
                         continue;
                     };
-                    let old = rec.layout.clone();
+                    // Only a size change can take chunks out of the layout.
+                    let old = change.size.map(|_| rec.layout.clone());
                     if let Some(size) = change.size {
                         self.truncate_contents(v, *ino, &mut rec, size)?;
                     }
                     apply_change(&mut rec.attr, change, *now);
-                    note_dropped(v, *ino, &old, &rec.layout, now, rec.attr.generation)?;
+                    if let Some(old) = &old {
+                        note_dropped(v, *ino, old, &rec.layout, now, rec.attr.generation)?;
+                    }
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
                 }

@@ -826,11 +826,16 @@ async fn propose_in_batches<T: Clone, Fut>(
 }
 
 /// The chunks (inode, write id, index) that the layouts of `inos` on their home `part`
-/// name; holes (write id 0) name none. An inode that cannot be read names none here: its
-/// chunks are left to the chunk collector.
+/// name, and those that commits took out of them and are not reclaimed yet (see
+/// `Files::collect_dropped`); holes (write id 0) name none. An inode that cannot be read
+/// names none here: its chunks are left to the chunk collector.
 fn chunks_named(part: &Partition, inos: &[Ino]) -> Vec<(Ino, u64, u32)> {
     let mut out = Vec::new();
     for &ino in inos {
+        let dropped = part
+            .store
+            .read(|v| v.keys_with_prefix(&keys::dropped_prefix(ino)));
+        out.extend(dropped.iter().flatten().filter_map(|k| keys::chunk_of(k)));
         let Ok(Some(rec)) = part.store.read(|v| v.inode(ino)) else {
             continue;
         };
