@@ -201,6 +201,24 @@ fn a_rewrite_with_o_trunc_is_its_own_beside_another_writer() {
     assert_eq!(fs::metadata(&p).expect("stat").len(), 0);
 }
 
+/// A truncate by path while this mount has the file open for writing, with nothing
+/// written through that descriptor: the cluster has the new size at once, not when the
+/// descriptor is closed, and that close commits nothing over it.
+#[test]
+fn a_truncate_by_path_beside_an_idle_writer_is_seen_at_once() {
+    let m = Mounted::start();
+    let p = m.path("t");
+    fs::write(&p, b"0123456789").expect("write");
+    let ino = talon_model::Ino(fs::metadata(&p).expect("stat").ino());
+    let idle = OpenOptions::new().write(true).open(&p).expect("open");
+    // truncate(2): by path, without a descriptor of its own.
+    nix::unistd::truncate(&p, 3).expect("truncate");
+    let size = m.block_on(m.client.getattr(ino)).expect("getattr").size;
+    assert_eq!(size, 3, "the cluster's size right after the truncate");
+    drop(idle);
+    assert_eq!(read(&p), b"012");
+}
+
 #[test]
 fn unlinked_open_file_stays_readable_until_closed() {
     let m = Mounted::start();

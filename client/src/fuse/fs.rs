@@ -473,12 +473,12 @@ impl Shared {
         fhs.iter().find_map(|fh| self.files.get(*fh))
     }
 
-    /// A writable open handle of `i` in this mount, if any.
-    fn open_writer(&self, i: Ino) -> Option<Arc<OpenFile>> {
+    /// An open handle of `i` in this mount that holds writes not committed yet, if any.
+    fn dirty_writer(&self, i: Ino) -> Option<Arc<OpenFile>> {
         let fhs = self.open_inos.get(&i)?;
         fhs.iter()
             .filter_map(|fh| self.files.get(*fh))
-            .find(|f| f.writable)
+            .find(|f| f.writable && f.pending_size().is_some())
     }
 
     /// The class a new directory `name` in `parent` gets: strict when its path is one of
@@ -711,11 +711,14 @@ impl Filesystem for TalonFs {
             let i = ino(i);
             let r = async {
                 if let Some(size) = size {
-                    // Through the handle that is writing, if any, so its buffered writes
-                    // and the truncate apply in order.
+                    // Through the handle it names (ftruncate), or one holding writes not
+                    // committed yet, so those and the truncate apply in order; else at
+                    // once. A handle with nothing pending is not used: its view of the
+                    // file may be older than another writer's commit, and the truncate
+                    // would wait for its close to be seen.
                     let handle = fh
                         .and_then(|fh| s.files.get(fh.0))
-                        .or_else(|| s.open_writer(i));
+                        .or_else(|| s.dirty_writer(i));
                     match handle {
                         Some(f) => f.set_len(size).await?,
                         None => data::truncate(&s.client, i, size).await?,
