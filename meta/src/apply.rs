@@ -827,7 +827,7 @@ impl Applier {
 }
 
 /// The stored chunks a layout names: (write id, index); holes name none.
-fn named_chunks(layout: &Layout) -> std::collections::BTreeSet<(u64, u32)> {
+pub(crate) fn named_chunks(layout: &Layout) -> std::collections::BTreeSet<(u64, u32)> {
     match layout {
         Layout::Small => Default::default(),
         Layout::Chunked { chunks, .. } => chunks

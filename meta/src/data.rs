@@ -566,7 +566,6 @@ impl<'a> Files<'a> {
         } else {
             now.saturating_sub(grace)
         };
-        let partitions = self.node.config.cluster.partitions;
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 self.node.dropped_due.forget(*p);
@@ -619,29 +618,21 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
-            let mut by_partition: BTreeMap<u32, Vec<(Ino, u64, u32)>> = BTreeMap::new();
-            for ((ino, chunks), r) in files.into_iter().zip(results) {
-                if !matches!(r, CommandResult::Applied(_)) {
-                    continue;
-                }
-                for (w, i) in chunks {
-                    by_partition
-                        .entry(chunk_partition(ino, i, partitions))
-                        .or_default()
-                        .push((ino, w, i));
-                }
-            }
-            for (q, chunks) in by_partition {
-                let n = chunks.len();
-                let propose = |c| self.node.propose_on(q, c);
-                let what = "dropping chunks taken out of layouts";
-                propose_in_batches(q, chunks, |b| vec![Op::DropChunks(b)], propose, what).await;
+            let reclaimed: Vec<(Ino, u64, u32)> = files
+                .into_iter()
+                .zip(results)
+                .filter(|(_, r)| matches!(r, CommandResult::Applied(_)))
+                .flat_map(|((ino, chunks), _)| chunks.into_iter().map(move |(w, i)| (ino, w, i)))
+                .collect();
+            if !reclaimed.is_empty() {
                 tracing::info!(
-                    partition = q,
-                    chunks = n,
-                    "reclaimed chunks taken out of layouts"
+                    partition = p,
+                    chunks = reclaimed.len(),
+                    "reclaiming chunks taken out of layouts"
                 );
             }
+            let what = "dropping chunks taken out of layouts";
+            self.drop_where_stored(reclaimed, what).await;
         }
     }
 
@@ -653,25 +644,34 @@ impl<'a> Files<'a> {
     /// nothing can name them; a file the reclaim skipped keeps its chunks. That grace is
     /// for chunks no layout named yet (a write in progress); what fails here is left to it.
     async fn drop_chunks_of_gone(&self, home: &Partition, chunks: Vec<(Ino, u64, u32)>) {
+        let mut gone: BTreeMap<Ino, bool> = BTreeMap::new();
+        let chunks = chunks
+            .into_iter()
+            .filter(|&(ino, _, _)| {
+                *gone.entry(ino).or_insert_with(|| {
+                    home.store
+                        .read(|v| v.inode(ino))
+                        .is_ok_and(|rec| rec.is_none())
+                })
+            })
+            .collect();
+        let what = "dropping the chunks of reclaimed files";
+        self.drop_where_stored(chunks, what).await;
+    }
+
+    /// Drops `chunks` (inode, write id, index) on the partitions that hold them; what fails
+    /// (`what`, logged) is left to the chunk collector.
+    async fn drop_where_stored(&self, chunks: Vec<(Ino, u64, u32)>, what: &str) {
         let partitions = self.node.config.cluster.partitions;
         let mut by_partition: BTreeMap<u32, Vec<(Ino, u64, u32)>> = BTreeMap::new();
-        let mut gone: BTreeMap<Ino, bool> = BTreeMap::new();
         for (ino, write_id, index) in chunks {
-            let is_gone = *gone.entry(ino).or_insert_with(|| {
-                home.store
-                    .read(|v| v.inode(ino))
-                    .is_ok_and(|rec| rec.is_none())
-            });
-            if is_gone {
-                by_partition
-                    .entry(chunk_partition(ino, index, partitions))
-                    .or_default()
-                    .push((ino, write_id, index));
-            }
+            by_partition
+                .entry(chunk_partition(ino, index, partitions))
+                .or_default()
+                .push((ino, write_id, index));
         }
         for (p, chunks) in by_partition {
             let propose = |c| self.node.propose_on(p, c);
-            let what = "dropping the chunks of reclaimed files";
             propose_in_batches(p, chunks, |b| vec![Op::DropChunks(b)], propose, what).await;
         }
     }
@@ -832,20 +832,17 @@ async fn propose_in_batches<T: Clone, Fut>(
 fn chunks_named(part: &Partition, inos: &[Ino]) -> Vec<(Ino, u64, u32)> {
     let mut out = Vec::new();
     for &ino in inos {
-        let dropped = part
-            .store
-            .read(|v| v.keys_with_prefix(&keys::dropped_prefix(ino)));
-        out.extend(dropped.iter().flatten().filter_map(|k| keys::chunk_of(k)));
-        let Ok(Some(rec)) = part.store.read(|v| v.inode(ino)) else {
+        let read = part.store.read(|v| {
+            let dropped = v.keys_with_prefix(&keys::dropped_prefix(ino))?;
+            Ok((dropped, v.inode(ino)?))
+        });
+        let Ok((dropped, rec)) = read else {
             continue;
         };
-        if let Layout::Chunked { chunks, .. } = rec.layout {
-            out.extend(
-                (0u32..)
-                    .zip(chunks)
-                    .filter(|(_, c)| c.write_id != 0)
-                    .map(|(index, c)| (ino, c.write_id, index)),
-            );
+        out.extend(dropped.iter().filter_map(|k| keys::chunk_of(k)));
+        if let Some(rec) = rec {
+            let named = crate::apply::named_chunks(&rec.layout);
+            out.extend(named.into_iter().map(|(w, i)| (ino, w, i)));
         }
     }
     out
