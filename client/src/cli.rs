@@ -706,7 +706,7 @@ async fn write_status(client: &Client, out: &mut impl Write) -> std::io::Result<
             "SYNCS",
             "PER-SYNC",
         ],
-        &[1],
+        &[],
     );
     for n in client.status().await {
         if let Some(l) = &n.load {
