@@ -721,8 +721,10 @@ impl File {
     /// Holds the file for this File now and waits until it is held, for a caller about to
     /// remove the file's last name (unlink, or a rename over it) while it keeps the File
     /// open. The File holds it anyway from a quarter of the servers' shorter grace after its
-    /// open (`open_session`); a nearly full node reclaims an unlinked file at once, before
-    /// that. A File that only reads a small file holds its body and needs nothing.
+    /// open (`open_session`), before a node reclaims the file (after half the unlinked grace
+    /// at the soonest, while its disk is nearly full), unless that session is slow to start:
+    /// this one is held before the name goes. A File that only reads a small file holds its
+    /// body and needs nothing.
     pub async fn hold_now(&mut self) -> Result<(), TalonError> {
         match &mut self.core().await?.session {
             Some(s) => s.hold_now().await,
@@ -1039,6 +1041,14 @@ impl Client {
         opts: OpenOptions,
     ) -> Result<File, TalonError> {
         let mut core = Core::new(self.clone(), opened, what, opts);
+        // A file whose last name is gone (opened by inode in its grace) is held at once,
+        // not a quarter of the grace from now: its grace may be over sooner (a nearly full
+        // node halves it). If it is gone already, the open fails.
+        if core.attr.nlink == 0 {
+            if let Some(s) = &mut core.session {
+                s.hold_now().await?;
+            }
+        }
         if opts.truncate && core.size > 0 {
             core.set_len(0).await?;
         }

@@ -112,8 +112,8 @@ impl OpenSession {
     }
 
     /// Holds the session now, not after the delay, and waits until it is held: for a File
-    /// whose file is about to lose its last name while a nearly full node reclaims unlinked
-    /// files at once.
+    /// whose file is about to lose its last name, or has lost it already, whose grace may
+    /// end sooner than the delay (a nearly full node halves it).
     pub(crate) async fn hold_now(&mut self) -> Result<(), TalonError> {
         self.hurry.notify_one();
         self.asked_and_held().await.map(|_| ())

@@ -185,6 +185,106 @@ async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
     fx.shutdown().await;
 }
 
+/// On a nearly full node, which reclaims sooner than the unlinked grace (here 12 s, 30 s by
+/// default), a chunked checkpoint replaced by a rename and one rewritten in place, each
+/// while a reader of another client has it open, read back whole however long the readers
+/// keep them open; so does the replaced one opened by inode after its rename, late in its
+/// grace. Before, a nearly full node reclaimed at its next round, which came before a
+/// reader younger than a quarter of the grace held its open session, and the reader's next
+/// chunk failed; a file opened unlinked held its session only that quarter later too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_keep_what_a_nearly_full_node_reclaims() {
+    let space = talon_meta::config::SpaceConfig {
+        nearfull_ratio: 0.000_001,
+        full_ratio: 1.0,
+        reserve_bytes: 0,
+    };
+    let fx = Fixture::start_with(1, |b| {
+        b.file_sizes(16 << 10, CHUNK as u32)
+            .unlinked_grace_ms(12_000)
+            .space(space)
+    })
+    .await;
+    let c = &fx.client;
+    c.mkdir("/run", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let mut old = [vec![0u8; 6 * CHUNK], vec![0u8; 6 * CHUNK]];
+    fill(5 << 40, &mut old[0]);
+    fill(6 << 40, &mut old[1]);
+    let replaced = c.write_file("/run/a", &old[0]).await.expect("write a").ino;
+    c.write_file("/run/b", &old[1]).await.expect("write b");
+    let r = fx.other_client().await;
+    let mut readers = Vec::new();
+    for (name, want) in ["/run/a", "/run/b"].into_iter().zip(&old) {
+        let mut f = r.open(name, OpenOptions::read_only()).await.expect("open");
+        let mut first = vec![0u8; CHUNK];
+        f.read_exact(&mut first)
+            .await
+            .expect("read the first chunk");
+        assert!(first == want[..CHUNK], "{name}'s first chunk differs");
+        readers.push(f);
+    }
+
+    c.write_file("/run/a.new", b"the next checkpoint")
+        .await
+        .expect("write the next checkpoint");
+    c.rename("/run/a.new", "/run/a").await.expect("replace a");
+    let mut new = vec![0u8; 6 * CHUNK];
+    fill(7 << 40, &mut new);
+    let mut rewrite = c
+        .open("/run/b", OpenOptions::create_truncate())
+        .await
+        .expect("open b to rewrite");
+    rewrite.write_all(&new).await.expect("write b anew");
+    rewrite.shutdown().await.expect("commit b");
+    drop(rewrite);
+
+    // Late in the nearly full node's grace (half the unlinked grace), past a quarter of
+    // the grace that a reader opened now would wait before it held its session.
+    tokio::time::sleep(std::time::Duration::from_millis(4500)).await;
+    let mut late = r
+        .open_ino(replaced, OpenOptions::read_only())
+        .await
+        .expect("open the replaced checkpoint by inode");
+    let node = &fx.cluster.node(1).expect("node").node;
+    let holds = node
+        .partitions
+        .values()
+        .flat_map(|p| p.store.open_holds(1000, |_| true).expect("scan"))
+        .filter(|&(ino, _)| ino == replaced)
+        .count();
+    assert_eq!(
+        holds, 2,
+        "the first reader's session and the late one's, at its open"
+    );
+    // Past when the node would have reclaimed all three without their sessions.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    for ((name, mut f), want) in ["/run/a", "/run/b"].into_iter().zip(readers).zip(&old) {
+        let mut rest = Vec::new();
+        f.read_to_end(&mut rest).await.expect("read on");
+        assert!(rest == want[CHUNK..], "{name}'s old contents changed");
+    }
+    let mut got = Vec::new();
+    late.read_to_end(&mut got)
+        .await
+        .expect("read the replaced checkpoint by inode");
+    assert!(
+        got == old[0],
+        "the replaced checkpoint read by inode differs"
+    );
+    drop(late);
+    assert!(c.read_file("/run/b").await.expect("read b") == new);
+
+    // Closed, the old contents go: b's new chunks alone are left.
+    let gone = common::eventually(std::time::Duration::from_secs(60), || async {
+        chunk_count(&fx) == 6
+    })
+    .await;
+    assert!(gone, "{} chunks left, 6 named", chunk_count(&fx));
+    fx.shutdown().await;
+}
+
 /// Chunks of the tests with short graces.
 const CHUNK: usize = 64 << 10;
 

@@ -48,8 +48,8 @@ fn a_full_disk_refuses_writes_with_enospc_and_keeps_serving() {
             .nodes(1)
             .data_dir(1, fs.path.join("node1"))
             .space(SpaceConfig::default())
-            // Deleted files are reclaimed at once on a nearly full disk; the grace would
-            // otherwise keep them for the default 30 s.
+            // Deleted files are reclaimed after half the grace on a nearly full disk; the
+            // default grace would keep them for 15 s.
             .unlinked_grace_ms(1000),
     );
     std::fs::create_dir(m.path("/data")).expect("mkdir");

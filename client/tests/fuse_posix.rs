@@ -255,9 +255,9 @@ fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
     );
 }
 
-/// The same on a nearly full node, which reclaims unlinked files at the next round rather
-/// than after the grace: the mount holds a file it unlinks while open at the unlink, not a
-/// quarter of the grace (2 s here, as long as a round) after its open.
+/// The same on a nearly full node, which reclaims unlinked files after half the grace (2 s
+/// here, two rounds) rather than the whole: the mount holds a file it unlinks while open at
+/// the unlink.
 #[test]
 fn a_temporary_file_lives_until_closed_on_a_nearly_full_node() {
     let space = talon_meta::config::SpaceConfig {
@@ -268,7 +268,7 @@ fn a_temporary_file_lives_until_closed_on_a_nearly_full_node() {
     let builder = talon_testkit::TestCluster::builder()
         .space(space)
         .chunk_gc_grace_ms(8000)
-        .unlinked_grace_ms(8000);
+        .unlinked_grace_ms(4000);
     temporary_files_live_until_closed(builder);
 }
 
@@ -290,7 +290,7 @@ fn temporary_files_live_until_closed(builder: talon_testkit::TestClusterBuilder)
         fs::remove_file(&p).expect("unlink");
         files.push((f, want, len));
     }
-    // Several of the collector's rounds past the unlinked grace, or past the unlink on a
+    // Several of the collector's rounds past the unlinked grace, or past its half on a
     // nearly full node (rounds every quarter of the grace).
     std::thread::sleep(Duration::from_secs(4));
     for (f, want, len) in &mut files {

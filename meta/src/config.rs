@@ -95,9 +95,10 @@ pub struct ClusterConfig {
     pub chunk_gc_grace_ms: u64,
     /// A file whose last name goes (unlink, or a rename over it) stays readable by inode
     /// for this long (ms), so a reader that looked the name up just before still opens and
-    /// reads the old contents; then, or at once when the node's data file system is past
-    /// `space.nearfull_ratio`, it is reclaimed, unless an open session holds it (a client
-    /// still has it open).
+    /// reads the old contents; then (after half of it when the node's data file system is
+    /// past `space.nearfull_ratio`) it is reclaimed, unless an open session holds it (a
+    /// client still has it open). Not less than four times the delay before a client holds
+    /// a file it has open (a quarter of the shorter grace), so half of it still covers that.
     pub unlinked_grace_ms: u64,
 }
 

@@ -102,6 +102,22 @@ impl<'a> Files<'a> {
         self.node.config.cluster.chunk_size
     }
 
+    /// How long a file whose last name went, or a chunk a commit took out of a layout, is
+    /// kept before it is reclaimed: `unlinked_grace_ms`, or half of it while the data file
+    /// system is nearly full, to give the room back sooner. Never less: a reader or writer
+    /// that had the file open before the change holds it through its open session from a
+    /// quarter of the grace after its open on (`Files::hold_open`), and a file opened after
+    /// its last name went is held at its open; a reclaim before that would take what it
+    /// is reading from under it.
+    fn reclaim_grace(&self) -> u64 {
+        let grace = self.node.config.cluster.unlinked_grace_ms;
+        if self.node.space.level() >= crate::space::Level::NearFull {
+            grace / 2
+        } else {
+            grace
+        }
+    }
+
     /// Records of one kind a collection round reads per partition.
     fn scan_limit(&self) -> usize {
         self.node.config.storage.gc_scan_records as usize
@@ -493,13 +509,12 @@ impl<'a> Files<'a> {
     }
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
-    /// unlinked longer than `unlinked_grace_ms` ago, or all of them while the data file
-    /// system is nearly full, unless an open session holds them (a reader or writer that
+    /// unlinked longer ago than their grace (`Files::reclaim_grace`: `unlinked_grace_ms`,
+    /// half of it while the data file system is nearly full), unless an open session holds them (a reader or writer that
     /// still has the file open). Sessions on a reclaimed file that expired are ended in the
     /// same command. A reclaimed file's chunks go with it (see `Files::drop_chunks_of_gone`).
     pub async fn collect_unlinked(&self) {
-        let grace = self.node.config.cluster.unlinked_grace_ms;
-        let short = self.node.space.level() >= crate::space::Level::NearFull;
+        let grace = self.reclaim_grace();
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
@@ -508,7 +523,7 @@ impl<'a> Files<'a> {
             let due: Vec<Ino> = match part.store.unlinked(self.scan_limit()) {
                 Ok(u) => u
                     .into_iter()
-                    .filter(|&(_, at)| short || now.saturating_sub(at) >= grace)
+                    .filter(|&(_, at)| now.saturating_sub(at) >= grace)
                     .map(|(ino, _)| ino)
                     .collect(),
                 Err(e) => {
@@ -548,24 +563,20 @@ impl<'a> Files<'a> {
     /// `O_TRUNC` rewrite, an overwrite, a truncate) on the partitions this node leads,
     /// rather than leaving them to the chunk collector's grace (`chunk_gc_grace_ms`, twice
     /// over), which a checkpoint rewritten in place otherwise waited out on the disk. A
-    /// chunk goes once it was dropped `unlinked_grace_ms` ago by the leader's wall clock
-    /// and this node has found it so for that grace more on its monotonic clock (at once
-    /// while the disk is nearly full, as unlinked files), and no open session holds its
-    /// file: every reader or writer open longer than a quarter of that grace holds one,
-    /// so one that might still read the chunk or name it again in a commit keeps it.
+    /// chunk goes once it was dropped a grace ago by the leader's wall clock
+    /// (`Files::reclaim_grace`: `unlinked_grace_ms`, half of it while the disk is nearly
+    /// full) and this node has found it so for that grace more on its monotonic clock, and
+    /// no open session holds its file: every reader or writer open longer than a quarter
+    /// of `unlinked_grace_ms` holds one, so one that might still read the chunk or name it
+    /// again in a commit keeps it.
     /// The file's home first marks the chunks reclaimed (`Op::ReclaimDropped`), which
     /// refuses a later commit from a writer whose view is older and names chunks outside
     /// the current layout; then they are dropped where they are stored. What fails here
     /// is left to the chunk collector.
     pub async fn collect_dropped(&self) {
-        let grace = self.node.config.cluster.unlinked_grace_ms;
-        let short = self.node.space.level() >= crate::space::Level::NearFull;
+        let grace = self.reclaim_grace();
         let now = crate::clock::now().as_millis();
-        let before_ms = if short {
-            now
-        } else {
-            now.saturating_sub(grace)
-        };
+        let before_ms = now.saturating_sub(grace);
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 self.node.dropped_due.forget(*p);
@@ -578,8 +589,10 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
-            let hold = Duration::from_millis(if short { 0 } else { grace });
-            let due = self.node.dropped_due.confirmed(*p, due, hold);
+            let due = self
+                .node
+                .dropped_due
+                .confirmed(*p, due, Duration::from_millis(grace));
             let mut by_file: BTreeMap<Ino, Vec<(u64, u32)>> = BTreeMap::new();
             for (ino, w, i) in due {
                 by_file.entry(ino).or_default().push((w, i));

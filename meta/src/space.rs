@@ -9,7 +9,9 @@
 //!
 //! Levels, from the fraction of the file system in use (the reserve counted as used, held
 //! or released, since it is never the users'):
-//! - `Ok`, then `NearFull` past `nearfull_ratio`: the node frees what it can at once.
+//! - `Ok`, then `NearFull` past `nearfull_ratio`: the node frees what it can sooner (deleted
+//!   values compacted away at once; unlinked files and chunks rewrites took out after
+//!   half their grace, `Files::reclaim_grace`).
 //! - `Full` past `full_ratio`: new entries and data are refused with ENOSPC at the edge,
 //!   before anything is proposed; half the reserve is released.
 //! - `Critical`: less than a sliver is left, even after the release (a follower whose

@@ -208,8 +208,9 @@ impl OpenFile {
     /// Called before the file's last name is removed. POSIX keeps an unlinked file through
     /// open handles until they are closed: a deferred open is completed now (a small file's
     /// whole body is in the `File` once it is open), and the `File` holds the file on its
-    /// home at once (`File::hold_now`), which a nearly full node reclaiming unlinked files
-    /// at once would otherwise beat.
+    /// home at once (`File::hold_now`), rather than from a quarter of the grace after its
+    /// open: a session slow to start would otherwise race the reclaim (after half the grace
+    /// on a nearly full node).
     pub async fn detach(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
         self.file(&mut g).await?.hold_now().await
