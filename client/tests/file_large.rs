@@ -258,8 +258,9 @@ async fn readers_keep_what_a_nearly_full_node_reclaims() {
         holds, 2,
         "the first reader's session and the late one's, at its open"
     );
-    // Past when the node would have reclaimed all three without their sessions.
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    // Past when the node would have reclaimed all three without their sessions (half the
+    // grace, and a round: rounds every quarter).
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     for ((name, mut f), want) in ["/run/a", "/run/b"].into_iter().zip(readers).zip(&old) {
         let mut rest = Vec::new();
         f.read_to_end(&mut rest).await.expect("read on");

@@ -39,7 +39,7 @@ use crate::partition::Partition;
 use crate::reads::{read_stored_unblocking, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op, Outcome};
-use crate::view::View;
+use crate::view::{holds_at, View};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,11 +111,16 @@ impl<'a> Files<'a> {
     /// is reading from under it.
     fn reclaim_grace(&self) -> u64 {
         let grace = self.node.config.cluster.unlinked_grace_ms;
-        if self.node.space.level() >= crate::space::Level::NearFull {
+        if self.nearly_full() {
             grace / 2
         } else {
             grace
         }
+    }
+
+    /// Whether this node's data file system is past `space.nearfull_ratio`.
+    fn nearly_full(&self) -> bool {
+        self.node.space.level() >= crate::space::Level::NearFull
     }
 
     /// Records of one kind a collection round reads per partition.
@@ -465,7 +470,7 @@ impl<'a> Files<'a> {
                             },
                             held: holds
                                 .into_iter()
-                                .filter(|&(_, until)| until > now)
+                                .filter(|&(_, until)| holds_at(until, now))
                                 .map(|(session, _)| session)
                                 .collect(),
                         },
@@ -536,7 +541,7 @@ impl<'a> Files<'a> {
                 .into_iter()
                 .filter_map(|ino| {
                     let holds = part.store.read(|v| v.open_holds(ino)).ok()?;
-                    let held = holds.iter().any(|&(_, until)| until >= now);
+                    let held = holds.iter().any(|&(_, until)| holds_at(until, now));
                     (!held).then(|| (ino, holds.into_iter().map(|(s, _)| s).collect()))
                 })
                 .collect();
@@ -563,10 +568,10 @@ impl<'a> Files<'a> {
     /// `O_TRUNC` rewrite, an overwrite, a truncate) on the partitions this node leads,
     /// rather than leaving them to the chunk collector's grace (`chunk_gc_grace_ms`, twice
     /// over), which a checkpoint rewritten in place otherwise waited out on the disk. A
-    /// chunk goes once it was dropped a grace ago by the leader's wall clock
-    /// (`Files::reclaim_grace`: `unlinked_grace_ms`, half of it while the disk is nearly
-    /// full) and this node has found it so for that grace more on its monotonic clock, and
-    /// no open session holds its file: every reader or writer open longer than a quarter
+    /// chunk goes once it was dropped `unlinked_grace_ms` ago by the leader's wall clock
+    /// and this node has found it so for that grace more on its monotonic clock (while the
+    /// disk is nearly full: found dropped for half that grace on the monotonic clock,
+    /// `Files::reclaim_grace`), and no open session holds its file: every reader or writer open longer than a quarter
     /// of `unlinked_grace_ms` holds one, so one that might still read the chunk or name it
     /// again in a commit keeps it.
     /// The file's home first marks the chunks reclaimed (`Op::ReclaimDropped`), which
@@ -576,7 +581,11 @@ impl<'a> Files<'a> {
     pub async fn collect_dropped(&self) {
         let grace = self.reclaim_grace();
         let now = crate::clock::now().as_millis();
-        let before_ms = now.saturating_sub(grace);
+        // On a nearly full disk the (halved) grace runs on this node's monotonic clock
+        // alone, from the first round that finds the record: about as soon as an unlinked
+        // file's, and never sooner for a wall clock that jumped.
+        let stamped = if self.nearly_full() { 0 } else { grace };
+        let before_ms = now.saturating_sub(stamped);
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
                 self.node.dropped_due.forget(*p);
@@ -601,7 +610,7 @@ impl<'a> Files<'a> {
             by_file.retain(|&ino, _| {
                 part.store
                     .read(|v| v.open_holds(ino))
-                    .is_ok_and(|holds| holds.iter().all(|&(_, until)| until < now))
+                    .is_ok_and(|holds| holds.iter().all(|&(_, until)| !holds_at(until, now)))
             });
             if by_file.is_empty() {
                 continue;

@@ -215,6 +215,13 @@ impl<'a> View<'a> {
     }
 }
 
+/// Whether an open session held until `until_ms` (its record's time) still holds its file at
+/// `now_ms`: through the last millisecond of its lease, as long as a renewal of it, or a
+/// commit naming it, is accepted. Every check of a session's lease is this one.
+pub fn holds_at(until_ms: u64, now_ms: u64) -> bool {
+    until_ms >= now_ms
+}
+
 /// The time (ms) an open session's record holds it until; a record too short to hold one
 /// reads as expired long ago.
 fn hold_until(value: &[u8]) -> u64 {
