@@ -301,6 +301,14 @@ impl Cluster {
         self.set_config("cluster", "relaxed_staleness_ms", ms.max(1))
     }
 
+    /// Sets every node's unlinked grace (before any start): how long a file whose last name
+    /// went, and chunks a commit took out of a file's layout, are kept before they are
+    /// reclaimed (half of it on a nearly full disk). Clients hold a file they keep open from
+    /// a quarter of it on.
+    pub fn unlinked_grace(&mut self, ms: u64) -> Result<(), ClusterError> {
+        self.set_config("cluster", "unlinked_grace_ms", ms.max(1))
+    }
+
     /// Sets `key` of table `[section]` to `value` in every node's configuration file.
     fn set_config(&mut self, section: &str, key: &str, value: u64) -> Result<(), ClusterError> {
         let value = i64::try_from(value)

@@ -84,6 +84,9 @@ pub struct RunConfig {
     pub node_log: String,
     /// The nodes' relaxed staleness bound, ms (default: the server's).
     pub staleness_ms: Option<u64>,
+    /// The nodes' unlinked grace, ms (default: the server's): how long a replaced or
+    /// unlinked file, and chunks a rewrite took out of a layout, are kept.
+    pub unlinked_grace_ms: Option<u64>,
 }
 
 impl RunConfig {
@@ -119,6 +122,7 @@ impl RunConfig {
             snapshot_every: None,
             node_log: DEFAULT_NODE_LOG.into(),
             staleness_ms: None,
+            unlinked_grace_ms: None,
         }
     }
 }
@@ -253,6 +257,9 @@ pub async fn run(cfg: &RunConfig, ns: &NetNs) -> Result<Report, RunError> {
     }
     if let Some(ms) = cfg.staleness_ms {
         cluster.relaxed_staleness(ms)?;
+    }
+    if let Some(ms) = cfg.unlinked_grace_ms {
+        cluster.unlinked_grace(ms)?;
     }
     cluster.start_all()?;
     let addrs = cluster.addrs();

@@ -133,6 +133,9 @@ fn rename_under_every_fault() {
     run(&a);
 }
 
+/// Checkpoints replaced by renames and rewritten in place, read whole and slowly, never
+/// torn; with a 4 s unlinked grace, the files replaced and the chunks rewrites took out are
+/// reclaimed within the run, under the faults, while slow readers hold some of them.
 #[test]
 fn checkpoint_under_every_fault() {
     let mut a = vec![
@@ -142,6 +145,8 @@ fn checkpoint_under_every_fault() {
         "4",
         "--checkpoint-kib",
         "5132",
+        "--unlinked-grace-ms",
+        "4000",
     ];
     a.extend_from_slice(EACH);
     run(&a);

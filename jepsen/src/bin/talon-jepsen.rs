@@ -118,6 +118,11 @@ struct RunArgs {
     /// bound makes reads of its own changes reach followers right after a failover.
     #[arg(long)]
     staleness_ms: Option<u64>,
+    /// The nodes' unlinked grace, ms (default: the server's, 30000): how long a replaced
+    /// or unlinked file, and the chunks a rewrite in place took out, are kept before they
+    /// are reclaimed. A short one makes the reclaims run within a run.
+    #[arg(long)]
+    unlinked_grace_ms: Option<u64>,
 }
 
 fn meta_bin(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -178,6 +183,7 @@ fn config(a: RunArgs) -> anyhow::Result<RunConfig> {
     c.disk_mib = a.disk_mib;
     c.node_log = a.node_log;
     c.staleness_ms = a.staleness_ms;
+    c.unlinked_grace_ms = a.unlinked_grace_ms;
     c.snapshot_every = a
         .snapshot_every
         .or_else(|| c.nemeses.contains(&NemesisKind::Crash).then_some(300));

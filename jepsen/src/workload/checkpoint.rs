@@ -1,18 +1,23 @@
-//! `checkpoint`: multi-MiB files written under a temporary name and renamed into place in a
-//! strict directory, the pattern a training job uses for its checkpoints.
+//! `checkpoint`: multi-MiB files in a strict directory, written the two ways a training job
+//! writes its checkpoints: under a temporary name and renamed into place, or rewritten in
+//! place (`O_TRUNC`, as `torch.save` to the same name does).
 //!
 //! A checkpoint is `version (8 bytes LE) ‖ body length (8) ‖ CRC32C of the body (4) ‖
 //! body`, the body pseudo-random from the version, larger than the small-file threshold so
-//! it is stored in chunks. Half the workers write (temporary file, then `rename` over the
-//! key), half read and verify: a read whose bytes do not verify is recorded as a torn read,
-//! which is an anomaly. Writes and verified reads of each key form a register history that
-//! must be linearizable, which is "after a successful rename every later open sees the new
-//! contents". Keys advance every `ops_per_key` operations; readers are paced so that a key
-//! sees several writes.
+//! it is stored in chunks. Half the workers write: one operation in four by a temporary file
+//! and a `rename` over the key, the others by opening the key with `truncate` (no `create`:
+//! a new key would show empty until the close) and writing it whole, committed at the
+//! close; a key not there yet is written by a rename. The other half read and verify, every other
+//! read slowly (a pause after the first MiB, while writers replace the file or rewrite it
+//! and the servers reclaim what they took out): a read whose bytes do not verify is
+//! recorded as a torn read, which is an anomaly. Writes and verified reads of each key form
+//! a register history that must be linearizable, which is "after a successful rename or
+//! close every later open sees the new contents". Keys advance every `ops_per_key`
+//! operations; readers are paced so that a key sees several writes.
 
 use super::{classify, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
-use talon_client::{Errno, MkdirOptions};
+use talon_client::{Client, Errno, MkdirOptions, OpenOptions, TalonError};
 
 /// The directory of the checkpoints (strict by the cluster's default prefixes).
 pub const DIR: &str = "/checkpoints/run";
@@ -21,6 +26,12 @@ const HEADER: usize = 20;
 
 /// Pause before each read.
 const READ_PACE: std::time::Duration = std::time::Duration::from_millis(40);
+
+/// A slow read's pause after its first `SLOW_FIRST` bytes.
+const SLOW_PAUSE: std::time::Duration = std::time::Duration::from_millis(700);
+
+/// What a slow read reads before its pause.
+const SLOW_FIRST: u64 = 1 << 20;
 
 /// Builds checkpoint `version` of `len` body bytes.
 pub fn encode(version: u64, len: usize) -> Vec<u8> {
@@ -119,9 +130,17 @@ impl Checkpoint {
                     key: key.clone(),
                     value,
                 };
-                let tmp = format!("{DIR}/{key}.tmp.{value}");
                 let bytes = encode(value, self.size);
                 w.op(call.clone(), async {
+                    if !value.is_multiple_of(4) {
+                        match rewrite_in_place(c, &path, &bytes).await {
+                            Ok(()) => return Outcome::Ok(call.clone()),
+                            // Nothing was opened: write it by a rename.
+                            Err(e) if classify(&e) == Some(Errno::ENOENT) => {}
+                            Err(e) => return Outcome::Info(e.to_string()),
+                        }
+                    }
+                    let tmp = format!("{DIR}/{key}.tmp.{value}");
                     if let Err(e) = c.write_file(&tmp, &bytes).await {
                         return Outcome::Fail(format!("write the temporary file: {e}"));
                     }
@@ -142,8 +161,14 @@ impl Checkpoint {
                     key: key.clone(),
                     value: None,
                 };
+                let slow = (n / 2).is_multiple_of(2);
                 w.op(call, async {
-                    match c.read_file(&path).await {
+                    let read = if slow {
+                        read_slowly(c, &path).await
+                    } else {
+                        c.read_file(&path).await
+                    };
+                    match read {
                         Ok(bytes) => match verify(&bytes) {
                             Ok(v) => Outcome::Ok(Call::Read {
                                 key: key.clone(),
@@ -165,6 +190,29 @@ impl Checkpoint {
             }
         }
     }
+}
+
+/// Rewrites the existing file at `path` in place: opened with `truncate` (the file is
+/// emptied at the commit, with the new contents), written whole, committed at the close.
+async fn rewrite_in_place(c: &Client, path: &str, bytes: &[u8]) -> Result<(), TalonError> {
+    let opts = OpenOptions {
+        truncate: true,
+        ..OpenOptions::read_write()
+    };
+    let mut f = c.open(path, opts).await?;
+    f.write_at(0, bytes).await?;
+    f.close().await
+}
+
+/// Reads the file at `path` whole through one open, with a pause after its first MiB.
+async fn read_slowly(c: &Client, path: &str) -> Result<Vec<u8>, TalonError> {
+    let mut f = c.open(path, OpenOptions::read_only()).await?;
+    let size = f.metadata().await?.size;
+    let mut out = f.read_at(0, SLOW_FIRST.min(size)).await?;
+    tokio::time::sleep(SLOW_PAUSE).await;
+    let at = out.len() as u64;
+    out.extend(f.read_at(at, size - at).await?);
+    Ok(out)
 }
 
 #[cfg(test)]
