@@ -224,6 +224,21 @@ impl OpenFile {
         self.note_change(f).await
     }
 
+    /// As [`OpenFile::set_len`], for a caller that borrows this handle (a truncate by path
+    /// beside a writer with uncommitted writes): false, with nothing done, if the handle
+    /// was closed meanwhile, its writes committed by then ([`OpenFile::close`] holds the
+    /// handle until its commit ends).
+    pub async fn set_len_if_open(&self, size: u64) -> Result<bool, TalonError> {
+        let mut g = self.file.lock().await;
+        if matches!(*g, Slot::Closed) {
+            return Ok(false);
+        }
+        let f = self.file(&mut g).await?;
+        f.set_len(size).await?;
+        self.note_change(f).await?;
+        Ok(true)
+    }
+
     /// Commits what was written, so a later open anywhere sees it (close-to-open).
     pub async fn flush(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
@@ -246,9 +261,12 @@ impl OpenFile {
         Ok(())
     }
 
-    /// The last close of this handle: commits anything left.
+    /// The last close of this handle: commits anything left. The handle stays locked
+    /// until the commit ends, so a change that borrows it meanwhile (a truncate by path)
+    /// comes after the commit, not beside it.
     pub async fn close(&self) -> Result<(), TalonError> {
-        let Slot::Open(f) = std::mem::replace(&mut *self.file.lock().await, Slot::Closed) else {
+        let mut g = self.file.lock().await;
+        let Slot::Open(f) = std::mem::replace(&mut *g, Slot::Closed) else {
             return Ok(());
         };
         let r = f.close().await;
@@ -260,4 +278,58 @@ impl OpenFile {
 /// Truncates or extends `ino` to `size` without an open handle (`truncate(2)`).
 pub(crate) async fn truncate(client: &Client, ino: Ino, size: u64) -> Result<(), TalonError> {
     client.truncate(ino, size).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ClientOptions;
+    use std::sync::Arc;
+    use talon_testkit::TestCluster;
+
+    /// A truncate by path that borrows a writer while that writer closes finds it closed
+    /// only once the close's commit has ended, and is then made at once, after the writes.
+    /// The close let go of the handle before its commit: the truncate failed with EBADF
+    /// ("handle already closed"), and one made at once then could come before the writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_truncate_beside_a_closing_writer_follows_its_commit() {
+        let cluster = TestCluster::builder()
+            .nodes(1)
+            .replication(1)
+            .start()
+            .await
+            .expect("cluster");
+        let c = Client::connect(&cluster.addrs(), ClientOptions::default())
+            .await
+            .expect("connect");
+        let ino = c.write_file("/f", b"").await.expect("create").ino;
+        let w = Arc::new(
+            OpenFile::open(&c, ino, libc::O_WRONLY, None)
+                .await
+                .expect("open"),
+        );
+        w.write(0, b"0123456789").await.expect("write");
+        let closing = {
+            let w = w.clone();
+            tokio::spawn(async move { w.close().await })
+        };
+        // Until the close has the handle (or has let go of it, closed).
+        loop {
+            match w.file.try_lock() {
+                Ok(g) if !matches!(*g, Slot::Closed) => tokio::task::yield_now().await,
+                _ => break,
+            }
+        }
+        let through = w.set_len_if_open(3).await.expect("truncate");
+        assert!(!through, "a closed handle took the truncate");
+        assert_eq!(
+            c.read_file("/f").await.expect("read"),
+            b"0123456789",
+            "the handle was found closed before its writes were committed"
+        );
+        closing.await.expect("join").expect("close");
+        truncate(&c, ino, 3).await.expect("truncate at once");
+        assert_eq!(c.read_file("/f").await.expect("read"), b"012");
+        cluster.shutdown().await;
+    }
 }

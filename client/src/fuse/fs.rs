@@ -715,13 +715,20 @@ impl Filesystem for TalonFs {
                     // committed yet, so those and the truncate apply in order; else at
                     // once. A handle with nothing pending is not used: its view of the
                     // file may be older than another writer's commit, and the truncate
-                    // would wait for its close to be seen.
-                    let handle = fh
-                        .and_then(|fh| s.files.get(fh.0))
-                        .or_else(|| s.dirty_writer(i));
-                    match handle {
-                        Some(f) => f.set_len(size).await?,
-                        None => data::truncate(&s.client, i, size).await?,
+                    // would wait for its close to be seen. A writer closed meanwhile has
+                    // committed its writes: the truncate follows them at once.
+                    let through = match fh.and_then(|fh| s.files.get(fh.0)) {
+                        Some(f) => {
+                            f.set_len(size).await?;
+                            true
+                        }
+                        None => match s.dirty_writer(i) {
+                            Some(f) => f.set_len_if_open(size).await?,
+                            None => false,
+                        },
+                    };
+                    if !through {
+                        data::truncate(&s.client, i, size).await?;
                     }
                 }
                 let set = SetAttr {
