@@ -97,8 +97,8 @@ pub struct ClusterConfig {
     /// for this long (ms), so a reader that looked the name up just before still opens and
     /// reads the old contents; then (after half of it when the node's data file system is
     /// past `space.nearfull_ratio`) it is reclaimed, unless an open session holds it (a
-    /// client still has it open). Not less than four times the delay before a client holds
-    /// a file it has open (a quarter of the shorter grace), so half of it still covers that.
+    /// client still has it open). A client holds a file it keeps open from a quarter of the
+    /// shorter grace on, so even half of this one is past that.
     pub unlinked_grace_ms: u64,
 }
 

@@ -515,9 +515,10 @@ impl<'a> Files<'a> {
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
     /// unlinked longer ago than their grace (`Files::reclaim_grace`: `unlinked_grace_ms`,
-    /// half of it while the data file system is nearly full), unless an open session holds them (a reader or writer that
-    /// still has the file open). Sessions on a reclaimed file that expired are ended in the
-    /// same command. A reclaimed file's chunks go with it (see `Files::drop_chunks_of_gone`).
+    /// half of it while the data file system is nearly full), unless an open session holds
+    /// them (a reader or writer that still has the file open). Sessions on a reclaimed file
+    /// that expired are ended in the same command. A reclaimed file's chunks go with it
+    /// (see `Files::drop_chunks_of_gone`).
     pub async fn collect_unlinked(&self) {
         let grace = self.reclaim_grace();
         let now = crate::clock::now().as_millis();
@@ -571,9 +572,9 @@ impl<'a> Files<'a> {
     /// chunk goes once it was dropped `unlinked_grace_ms` ago by the leader's wall clock
     /// and this node has found it so for that grace more on its monotonic clock (while the
     /// disk is nearly full: found dropped for half that grace on the monotonic clock,
-    /// `Files::reclaim_grace`), and no open session holds its file: every reader or writer open longer than a quarter
-    /// of `unlinked_grace_ms` holds one, so one that might still read the chunk or name it
-    /// again in a commit keeps it.
+    /// `Files::reclaim_grace`), and no open session holds its file: every reader or writer
+    /// open longer than a quarter of `unlinked_grace_ms` holds one, so one that might still
+    /// read the chunk or name it again in a commit keeps it.
     /// The file's home first marks the chunks reclaimed (`Op::ReclaimDropped`), which
     /// refuses a later commit from a writer whose view is older and names chunks outside
     /// the current layout; then they are dropped where they are stored. What fails here

@@ -7,13 +7,13 @@
 //! it is stored in chunks. Half the workers write: one operation in four by a temporary file
 //! and a `rename` over the key, the others by opening the key with `truncate` (no `create`:
 //! a new key would show empty until the close) and writing it whole, committed at the
-//! close; a key not there yet is written by a rename. The other half read and verify, every other
-//! read slowly (a pause after the first MiB, while writers replace the file or rewrite it
-//! and the servers reclaim what they took out): a read whose bytes do not verify is
-//! recorded as a torn read, which is an anomaly. Writes and verified reads of each key form
-//! a register history that must be linearizable, which is "after a successful rename or
-//! close every later open sees the new contents". Keys advance every `ops_per_key`
-//! operations; readers are paced so that a key sees several writes.
+//! close; a key not there yet is written by a rename. The other half read and verify,
+//! every other read slowly (a pause after the first MiB, while writers replace the file or
+//! rewrite it and the servers reclaim what they took out): a read whose bytes do not
+//! verify is recorded as a torn read, which is an anomaly. Writes and verified reads of each
+//! key form a register history that must be linearizable, which is "after a successful
+//! rename or close every later open sees the new contents". Keys advance every
+//! `ops_per_key` operations; readers are paced so that a key sees several writes.
 
 use super::{classify, retry, Ctx, Outcome, Worker, WorkloadError};
 use crate::history::Call;
