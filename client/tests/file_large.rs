@@ -230,15 +230,7 @@ async fn readers_keep_what_a_nearly_full_node_reclaims() {
         .await
         .expect("write the next checkpoint");
     c.rename("/run/a.new", "/run/a").await.expect("replace a");
-    let mut new = vec![0u8; 6 * CHUNK];
-    fill(7 << 40, &mut new);
-    let mut rewrite = c
-        .open("/run/b", OpenOptions::create_truncate())
-        .await
-        .expect("open b to rewrite");
-    rewrite.write_all(&new).await.expect("write b anew");
-    rewrite.shutdown().await.expect("commit b");
-    drop(rewrite);
+    let new = rewrite_in_place(c, "/run/b", 7 << 40).await;
 
     // Late in the nearly full node's grace (half the unlinked grace), past a quarter of
     // the grace that a reader opened now would wait before it held its session.
@@ -289,6 +281,21 @@ async fn readers_keep_what_a_nearly_full_node_reclaims() {
 /// Chunks of the tests with short graces.
 const CHUNK: usize = 64 << 10;
 
+/// Rewrites `path` in place, as `torch.save` to the same name does: a File opened with
+/// `O_TRUNC`, six chunks of contents generated from `seed` written, committed at its
+/// close. Returns what it wrote.
+async fn rewrite_in_place(c: &talon_client::Client, path: &str, seed: u64) -> Vec<u8> {
+    let mut contents = vec![0u8; 6 * CHUNK];
+    fill(seed, &mut contents);
+    let mut f = c
+        .open(path, OpenOptions::create_truncate())
+        .await
+        .expect("open to rewrite");
+    f.write_all(&contents).await.expect("write anew");
+    f.shutdown().await.expect("commit the rewrite");
+    contents
+}
+
 /// A cluster of `nodes` whose files past 16 KiB are stored in chunks of `CHUNK` bytes, and
 /// whose unlinked files and chunks taken out of layouts are reclaimed after 1 s.
 async fn short_unlinked_grace(nodes: u64) -> Fixture {
@@ -336,15 +343,7 @@ async fn a_checkpoint_rewritten_in_place_keeps_its_readers_and_gives_back_its_ch
         .expect("open a second writer");
     patcher.write_all(b"patched").await.expect("patch");
 
-    let mut v2 = vec![0u8; 6 * CHUNK];
-    fill(2 << 40, &mut v2);
-    let mut rewrite = c
-        .open("/ckpt", OpenOptions::create_truncate())
-        .await
-        .expect("open to rewrite");
-    rewrite.write_all(&v2).await.expect("write v2");
-    rewrite.shutdown().await.expect("commit v2");
-    drop(rewrite);
+    let v2 = rewrite_in_place(c, "/ckpt", 2 << 40).await;
     assert!(c.read_file("/ckpt").await.expect("read v2") == v2);
 
     // Several of the collector's rounds (250 ms apart at this grace) past the grace.
