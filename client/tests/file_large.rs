@@ -194,15 +194,10 @@ async fn a_file_unlinked_while_open_lives_until_it_is_closed() {
 /// chunk failed; a file opened unlinked held its session only that quarter later too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_keep_what_a_nearly_full_node_reclaims() {
-    let space = talon_meta::config::SpaceConfig {
-        nearfull_ratio: 0.000_001,
-        full_ratio: 1.0,
-        reserve_bytes: 0,
-    };
     let fx = Fixture::start_with(1, |b| {
         b.file_sizes(16 << 10, CHUNK as u32)
             .unlinked_grace_ms(12_000)
-            .space(space)
+            .nearly_full()
     })
     .await;
     let c = &fx.client;

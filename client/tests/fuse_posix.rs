@@ -260,13 +260,8 @@ fn a_temporary_file_lives_past_the_unlinked_grace_until_closed() {
 /// the unlink.
 #[test]
 fn a_temporary_file_lives_until_closed_on_a_nearly_full_node() {
-    let space = talon_meta::config::SpaceConfig {
-        nearfull_ratio: 0.000_001,
-        full_ratio: 1.0,
-        reserve_bytes: 0,
-    };
     let builder = talon_testkit::TestCluster::builder()
-        .space(space)
+        .nearly_full()
         .chunk_gc_grace_ms(8000)
         .unlinked_grace_ms(4000);
     temporary_files_live_until_closed(builder);

@@ -60,6 +60,15 @@ impl TestClusterBuilder {
         self.space = space;
         self
     }
+    /// Every node counts its disk as nearly full from the start, whatever its use (and
+    /// never as full), so it reclaims deleted data as that mode does.
+    pub fn nearly_full(self) -> Self {
+        self.space(SpaceConfig {
+            nearfull_ratio: 0.000_001,
+            full_ratio: 1.0,
+            reserve_bytes: 0,
+        })
+    }
     /// Space thresholds of node `id` alone (see [`TestClusterBuilder::space`]).
     pub fn node_space(mut self, id: u64, space: SpaceConfig) -> Self {
         self.node_space.insert(id, space);
