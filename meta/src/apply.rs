@@ -25,7 +25,7 @@ use crate::records::{
 use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
 };
-use crate::view::{holds_at, View};
+use crate::view::{any_holds_at, holds_at, View};
 use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
@@ -958,7 +958,7 @@ fn check_reclaim(
     let Some(rec) = v.inode(ino)? else {
         return Ok(Err(posix(Errno::ENOENT, format!("no inode {ino}"))));
     };
-    if v.open_holds(ino)?.iter().any(|&(_, u)| holds_at(u, now_ms)) {
+    if any_holds_at(&v.open_holds(ino)?, now_ms) {
         return Ok(Err(ApplyError::Locked(format!(
             "inode {ino} is open: its dropped chunks stay"
         ))));

@@ -39,7 +39,7 @@ use crate::partition::Partition;
 use crate::reads::{read_stored_unblocking, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op, Outcome};
-use crate::view::{holds_at, View};
+use crate::view::{any_holds_at, holds_at, View};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -542,8 +542,8 @@ impl<'a> Files<'a> {
                 .into_iter()
                 .filter_map(|ino| {
                     let holds = part.store.read(|v| v.open_holds(ino)).ok()?;
-                    let held = holds.iter().any(|&(_, until)| holds_at(until, now));
-                    (!held).then(|| (ino, holds.into_iter().map(|(s, _)| s).collect()))
+                    (!any_holds_at(&holds, now))
+                        .then(|| (ino, holds.into_iter().map(|(s, _)| s).collect()))
                 })
                 .collect();
             if unheld.is_empty() {
@@ -611,7 +611,7 @@ impl<'a> Files<'a> {
             by_file.retain(|&ino, _| {
                 part.store
                     .read(|v| v.open_holds(ino))
-                    .is_ok_and(|holds| holds.iter().all(|&(_, until)| !holds_at(until, now)))
+                    .is_ok_and(|holds| !any_holds_at(&holds, now))
             });
             if by_file.is_empty() {
                 continue;

@@ -222,6 +222,12 @@ pub fn holds_at(until_ms: u64, now_ms: u64) -> bool {
     until_ms >= now_ms
 }
 
+/// Whether any of a file's open sessions (`View::open_holds`: session, held until) holds it
+/// at `now_ms`.
+pub fn any_holds_at(holds: &[(u64, u64)], now_ms: u64) -> bool {
+    holds.iter().any(|&(_, until)| holds_at(until, now_ms))
+}
+
 /// The time (ms) an open session's record holds it until; a record too short to hold one
 /// reads as expired long ago.
 fn hold_until(value: &[u8]) -> u64 {
