@@ -765,7 +765,7 @@ impl<'a> Files<'a> {
     /// beside the critical floor: one run on a full disk filled it to the last byte and
     /// failed the node's next writes.
     pub async fn compact_if_needed(&self) {
-        let short = self.node.space.level() >= crate::space::Level::NearFull;
+        let short = self.nearly_full();
         let chunk_size = u64::from(self.chunk_size());
         let chunk_floor = self.node.config.raft.snapshot_after_bytes;
         for part in self.node.partitions.values() {
