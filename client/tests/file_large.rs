@@ -302,11 +302,7 @@ async fn short_unlinked_grace(nodes: u64) -> Fixture {
 
 /// Chunks on all of node `id`'s partitions.
 fn chunk_count_on(fx: &Fixture, id: u64) -> usize {
-    let node = &fx.cluster.node(id).expect("node").node;
-    node.partitions
-        .values()
-        .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
-        .sum()
+    talon_testkit::chunk_count(&fx.cluster.node(id).expect("node").node)
 }
 
 /// Chunks on all of node 1's partitions (all of them, on one node).

@@ -11,7 +11,7 @@ use talon_model::placement::chunk_partition;
 use talon_model::{Errno, Ino, TalonError, ROOT_INO};
 use talon_proto::v1 as pb;
 use talon_proto::v1::namespace_client::NamespaceClient;
-use talon_testkit::TestClusterBuilder;
+use talon_testkit::{chunk_count, TestClusterBuilder};
 use tonic::transport::Channel;
 
 const P: u32 = 4;
@@ -703,13 +703,6 @@ async fn chunks_come_to(node: &talon_meta::node::Node, n: usize, secs: u64, what
         async move { (got == n).then_some(()) }
     })
     .await;
-}
-
-fn chunk_count(node: &talon_meta::node::Node) -> usize {
-    node.partitions
-        .values()
-        .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
-        .sum()
 }
 
 /// A file reclaimed after its last name went takes its chunks with it, after the unlinked

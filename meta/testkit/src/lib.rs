@@ -545,6 +545,14 @@ impl Drop for SmallFs {
     }
 }
 
+/// The chunks stored on all of `node`'s partitions (of any file, named by a layout or not).
+pub fn chunk_count(node: &talon_meta::node::Node) -> usize {
+    node.partitions
+        .values()
+        .map(|p| p.store.chunks(None, 1_000_000).expect("scan").len())
+        .sum()
+}
+
 /// Deterministic bytes that differ between offsets and between seeds, and do not
 /// compress (xorshift): test file contents that really take their size on disk.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
