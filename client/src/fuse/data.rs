@@ -216,12 +216,13 @@ impl OpenFile {
         self.file(&mut g).await?.hold_now().await
     }
 
-    /// Truncates or extends the file to `size`.
+    /// Truncates or extends the file to `size` (EBADF once the handle is closed).
     pub async fn set_len(&self, size: u64) -> Result<(), TalonError> {
-        let mut g = self.file.lock().await;
-        let f = self.file(&mut g).await?;
-        f.set_len(size).await?;
-        self.note_change(f).await
+        if self.set_len_if_open(size).await? {
+            Ok(())
+        } else {
+            Err(closed(self.ino))
+        }
     }
 
     /// As [`OpenFile::set_len`], for a caller that borrows this handle (a truncate by path
