@@ -148,8 +148,14 @@ impl Client {
         replies::open(reply).value
     }
 
-    /// `WriteSmall`: `body` becomes the whole contents of `ino`.
-    pub(crate) async fn rpc_write_small(&self, ino: Ino, body: &[u8]) -> Result<Attr, TalonError> {
+    /// `WriteSmall`: `body` becomes the whole contents of `ino`; its set-ID bits are
+    /// cleared with it if `drop_setid` (see [`crate::File::drop_setid`]).
+    pub(crate) async fn rpc_write_small(
+        &self,
+        ino: Ino,
+        body: &[u8],
+        drop_setid: bool,
+    ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
             .settle(Scope::Inode, |epoch| {
@@ -158,6 +164,7 @@ impl Client {
                     ino,
                     body,
                     ANY_GENERATION,
+                    drop_setid,
                 );
                 self.call(p, ReadKind::Write, move |c| {
                     let req = req.clone();
@@ -251,7 +258,8 @@ impl Client {
     /// `CommitLayout`: the chunks named become the contents of `ino`, `size` bytes long; with
     /// an `open_session` (nonzero), only while that session is held. `view` is the
     /// generation of the layout the chunks' list started from (`u64::MAX` when every chunk
-    /// was stored for this commit).
+    /// was stored for this commit). `drop_setid` as in [`Client::rpc_write_small`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn rpc_commit_layout(
         &self,
         ino: Ino,
@@ -260,6 +268,7 @@ impl Client {
         chunks: &[ChunkRef],
         open_session: u64,
         view: u64,
+        drop_setid: bool,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
         let reply = self
@@ -273,6 +282,7 @@ impl Client {
                     ANY_GENERATION,
                     open_session,
                     view,
+                    drop_setid,
                 );
                 self.call(p, ReadKind::Write, move |mut c| {
                     let req = req.clone();
@@ -473,7 +483,7 @@ impl Client {
     pub async fn write_file_ino(&self, ino: Ino, data: &[u8]) -> Result<Attr, TalonError> {
         let (small_max, chunk_size) = self.data_limits();
         if data.len() as u64 <= small_max {
-            return self.rpc_write_small(ino, data).await;
+            return self.rpc_write_small(ino, data, false).await;
         }
         let cs = chunk_size as usize;
         // The chunks are held by an open session until the commit names them, however long
@@ -502,7 +512,8 @@ impl Client {
         let held = session.held().await?;
         // Every chunk named was stored above: no view of an older layout to check.
         let view = u64::MAX;
-        self.rpc_commit_layout(ino, data.len() as u64, chunk_size as u32, &refs, held, view)
+        let size = data.len() as u64;
+        self.rpc_commit_layout(ino, size, chunk_size as u32, &refs, held, view, false)
             .await
     }
 }

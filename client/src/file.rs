@@ -177,6 +177,8 @@ struct Core {
     body: Body,
     /// Uncommitted changes exist.
     changed: bool,
+    /// The next commit clears the file's set-ID bits (`File::drop_setid`).
+    drop_setid: bool,
     small_max: u64,
     new_chunk_size: u64,
     /// Holds the chunks this File stored until it commits them, and the file while unlinked:
@@ -216,6 +218,7 @@ impl Core {
             size,
             body,
             changed: false,
+            drop_setid: false,
             small_max,
             new_chunk_size: chunk_size,
             session,
@@ -418,9 +421,13 @@ impl Core {
             let Body::Small(b) = &self.body else {
                 return Err(TalonError::Invalid("file body is not small".into()));
             };
-            let attr = self.client.rpc_write_small(self.ino, b).await?;
+            let attr = self
+                .client
+                .rpc_write_small(self.ino, b, self.drop_setid)
+                .await?;
             self.attr = attr;
             self.changed = false;
+            self.drop_setid = false;
             return Ok(());
         };
         let indexes: Vec<u32> = c.dirty.keys().copied().collect();
@@ -459,11 +466,13 @@ impl Core {
                 session,
                 // The layout `refs` started from: the open's, or this File's last commit's.
                 self.attr.generation,
+                self.drop_setid,
             )
             .await?;
         c.refs = refs;
         self.attr = attr;
         self.changed = false;
+        self.drop_setid = false;
         Ok(())
     }
 
@@ -730,6 +739,16 @@ impl File {
             Some(s) => s.hold_now().await,
             None => Ok(()),
         }
+    }
+
+    /// Makes the next commit of this File's changes clear the file's set-user-ID bit, and
+    /// its set-group-ID bit if it is group-executable, in the same step as the new contents
+    /// (never a moment with both): for a writer that may not keep them, as the kernel
+    /// decides for a mount's caller without `CAP_FSETID`. The servers remove a file's
+    /// `security.capability` at every change of its contents anyway.
+    pub async fn drop_setid(&mut self) -> Result<(), TalonError> {
+        self.core().await?.drop_setid = true;
+        Ok(())
     }
 
     /// The attributes as this File sees them (its size includes uncommitted writes).
@@ -1062,9 +1081,23 @@ impl Client {
     /// Sets the size of regular file `ino` to `size` (truncate or extend with zeros), as a
     /// commit through a [`File`]: for a chunked file only the layout changes.
     pub async fn truncate(&self, ino: Ino, size: u64) -> Result<Attr, TalonError> {
+        self.truncate_as(ino, size, false).await
+    }
+
+    /// As [`Client::truncate`], clearing the file's set-ID bits with it if `drop_setid`
+    /// (see [`File::drop_setid`]).
+    pub(crate) async fn truncate_as(
+        &self,
+        ino: Ino,
+        size: u64,
+        drop_setid: bool,
+    ) -> Result<Attr, TalonError> {
         let opts = OpenOptions::read_write();
         let mut f = self.open_ino(ino, opts).await?;
         f.set_len(size).await?;
+        if drop_setid {
+            f.drop_setid().await?;
+        }
         f.flush().await?;
         f.metadata().await
     }

@@ -777,12 +777,11 @@ fn setgid_directories_pass_their_group_on() {
     }
 }
 
-/// Writing a new small file through the mount (`open(O_CREAT)`, write, close) costs five
+/// Writing a new small file through the mount (`open(O_CREAT)`, write, close) costs four
 /// requests of the kernel's that need the cluster: its lookup of the new name, the create,
-/// its check for `security.capability` before the first write, the body's write at close,
-/// and its getattr of the parent (the parent's attributes changed) before the next lookup
-/// there. In a relaxed directory two of them are answered by the mount: the check (a new
-/// file has no xattrs) and the parent's attributes (the create's answer carried them). The
+/// the body's write at close, and its getattr of the parent (the parent's attributes
+/// changed) before the next lookup there. In a relaxed directory the last is answered by
+/// the mount (the create's answer carried the parent's attributes). The
 /// create's answer opens the empty file: no round trip fetches what a new file holds.
 /// Removing the files again is one round trip each in a relaxed directory: the unlink (the
 /// kernel knows the name; the parent's attributes come with the previous unlink's answer).
@@ -922,4 +921,106 @@ fn a_missing_relaxed_name_is_asked_for_once_per_ttl() {
         fs::metadata(&other).is_ok(),
         "a create made elsewhere shows within the bound"
     );
+}
+
+/// The mount takes set-ID bits and capabilities from a file as a kernel file system does,
+/// and so the kernel asks nothing before each write: a writer without `CAP_FSETID`
+/// (here, another user) clears the set-user-ID bit and a group-executable set-group-ID bit
+/// by writing, by truncating and by opening with `O_TRUNC`; root's write keeps them; a
+/// chown clears them whoever makes it; every write takes `security.capability`. And a file
+/// this mount did not just make is written without a request to the cluster per write(2):
+/// before, the kernel asked for its `security.capability` before each one.
+#[test]
+fn writes_take_set_id_bits_and_capabilities_without_asking_first() {
+    let m = Mounted::start();
+    fs::create_dir(m.path("pub")).expect("mkdir");
+    fs::set_permissions(m.path("pub"), fs::Permissions::from_mode(0o777)).expect("chmod");
+    let p = m.path("pub/tool");
+    fs::write(&p, b"#!/bin/sh\n").expect("write");
+    let mode = |p: &std::path::Path| fs::metadata(p).expect("stat").mode() & 0o7777;
+    let set_mode = |p: &std::path::Path, mode: u32| {
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    let as_nobody = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(&m.root)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("run as nobody");
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for script in [
+        "echo x >> pub/tool",
+        "truncate -s 3 pub/tool",
+        "echo y > pub/tool",
+    ] {
+        set_mode(&p, 0o6777);
+        as_nobody(script);
+        assert_eq!(mode(&p), 0o0777, "{script}");
+    }
+    // Without group execute the set-group-ID bit is not a privilege, and stays.
+    set_mode(&p, 0o6767);
+    as_nobody("echo x >> pub/tool");
+    assert_eq!(mode(&p), 0o2767);
+    // Root may keep them.
+    set_mode(&p, 0o6777);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&p)
+        .and_then(|mut f| f.write_all(b"root\n"))
+        .expect("append as root");
+    assert_eq!(mode(&p), 0o6777);
+    std::os::unix::fs::chown(&p, Some(NOBODY), None).expect("chown");
+    assert_eq!(mode(&p), 0o0777);
+
+    // A valid capability set (revision 2, CAP_NET_BIND_SERVICE permitted), which every
+    // write takes, root's too.
+    let mut caps = Vec::new();
+    for word in [0x0200_0000u32, 1 << 10, 0, 0, 0] {
+        caps.extend_from_slice(&word.to_le_bytes());
+    }
+    let cap = "security.capability";
+    for (who, append) in [
+        (
+            "root",
+            &(|| fs::write(&p, b"new\n").expect("write as root")) as &dyn Fn(),
+        ),
+        ("nobody", &|| as_nobody("echo x >> pub/tool")),
+    ] {
+        rustix::fs::setxattr(&p, cap, &caps, XattrFlags::empty()).expect("set caps");
+        let mut buf = [0u8; 64];
+        assert_eq!(rustix::fs::getxattr(&p, cap, &mut buf[..]), Ok(caps.len()));
+        append();
+        assert_eq!(
+            rustix::fs::getxattr(&p, cap, &mut buf[..]),
+            Err(rustix::io::Errno::NODATA),
+            "{who}'s write"
+        );
+    }
+
+    // Many small writes to a file made before: no request per write.
+    let f = m.path("data");
+    fs::write(&f, vec![1u8; 1 << 20]).expect("write");
+    let mut w = fs::OpenOptions::new().write(true).open(&f).expect("open");
+    let before = m.client.rpc_count();
+    for i in 0..64u8 {
+        w.write_all(&[i; 8192]).expect("write");
+    }
+    drop(w);
+    let rpcs = m.client.rpc_count() - before;
+    // The commit at close, and a few more if the machine stalls past a TTL.
+    assert!(rpcs <= 8, "{rpcs} requests to the cluster for 64 writes");
+    let back = read(&f);
+    assert_eq!(back.len(), 1 << 20);
+    assert!(back[..64 * 8192]
+        .chunks(8192)
+        .enumerate()
+        .all(|(i, c)| c == [i as u8; 8192]));
 }

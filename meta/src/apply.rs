@@ -44,7 +44,8 @@ pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
             | Op::Xattr { ino, .. }
             | Op::WriteBody { ino, .. }
             | Op::CommitLayout { ino, .. }
-            | Op::ReclaimDropped { ino, .. } => keys::inode(*ino),
+            | Op::ReclaimDropped { ino, .. }
+            | Op::DropPrivileges { ino, .. } => keys::inode(*ino),
             Op::SetClass { dir, .. } => keys::inode(*dir),
             Op::BumpEpoch(_) => keys::EPOCH_LOCK.to_vec(),
             Op::RecordRequest { id, .. } => keys::request(*id),
@@ -420,7 +421,8 @@ impl Applier {
                 | Op::ForgetRequests(_)
                 | Op::EndOpens(_)
                 | Op::ExpectView { .. }
-                | Op::TouchDir { .. } => {}
+                | Op::TouchDir { .. }
+                | Op::DropPrivileges { .. } => {}
                 Op::HoldOpen {
                     ino,
                     session,
@@ -762,6 +764,30 @@ impl Applier {
                     }
                     v.put(keys::reclaimed_gen(*ino), newest.to_le_bytes().to_vec());
                 }
+                Op::DropPrivileges { ino, setid, now } => {
+                    let Some(mut rec) = v.inode(*ino)? else {
+                        continue;
+                    };
+                    if rec.attr.kind == FileKind::Directory {
+                        continue;
+                    }
+                    let perm = if *setid {
+                        talon_model::attr::without_setid(rec.attr.perm)
+                    } else {
+                        rec.attr.perm
+                    };
+                    let cap = keys::xattr(*ino, CAPABILITY_XATTR);
+                    let had_cap = v.get(&cap)?.is_some();
+                    if had_cap {
+                        v.del(cap);
+                    }
+                    if perm != rec.attr.perm || had_cap {
+                        rec.attr.perm = perm;
+                        rec.attr.ctime = rec.attr.ctime.max(*now);
+                        out.attrs.push((*ino, Some(rec.attr.clone())));
+                        v.put(keys::inode(*ino), enc(&rec));
+                    }
+                }
                 Op::ExpectEpoch(_)
                 | Op::ExpectDentry { .. }
                 | Op::ExpectEmpty(_)
@@ -983,6 +1009,9 @@ fn check_reclaim(
 pub fn is_unlinked(a: &Attr) -> bool {
     a.nlink == 0 && a.kind != FileKind::Directory
 }
+
+/// The xattr holding a file's capabilities, which a change of its contents or owner removes.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// Applies a setattr change to attributes.
 pub fn apply_change(a: &mut Attr, c: &AttrChange, now: Time) {

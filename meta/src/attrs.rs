@@ -83,14 +83,21 @@ impl<'a> Attrs<'a> {
         // A directory update queued here must land first: times set explicitly would
         // otherwise be moved forward again by its flush (`dir_touch`).
         self.node.flush_touch(ino).await?;
-        let ops = vec![
-            Op::ExpectEpoch(epoch),
-            Op::SetAttr {
-                ino,
-                change,
-                now: crate::clock::now(),
-            },
-        ];
+        let now = crate::clock::now();
+        // A new owner or size takes privileges from a file, as for a kernel caller without
+        // CAP_FSETID; set-ID bits given with the same change stay.
+        let drop =
+            (change.uid.is_some() || change.gid.is_some() || change.size.is_some()).then(|| {
+                Op::DropPrivileges {
+                    ino,
+                    setid: change.perm.is_none(),
+                    now,
+                }
+            });
+        let ops = [Op::ExpectEpoch(epoch), Op::SetAttr { ino, change, now }]
+            .into_iter()
+            .chain(drop)
+            .collect();
         let out = Txns::new(self.node)
             .run_ops(p, BTreeMap::from([(p, ops)]), || async { Ok(()) })
             .await?;

@@ -184,7 +184,8 @@ impl<'a> Files<'a> {
         ))
     }
 
-    /// Replaces a small file's contents.
+    /// Replaces a small file's contents, taking from it what a change of contents takes
+    /// (`Op::DropPrivileges`; its set-ID bits only if `drop_setid`).
     pub async fn write_small(
         &self,
         p: u32,
@@ -192,6 +193,7 @@ impl<'a> Files<'a> {
         ino: Ino,
         data: Vec<u8>,
         expect_generation: u64,
+        drop_setid: bool,
     ) -> Result<Attr, TalonError> {
         let part = self.node.home_part(p, ino)?;
         if data.len() > self.node.config.cluster.small_file_max as usize {
@@ -201,13 +203,19 @@ impl<'a> Files<'a> {
                 self.node.config.cluster.small_file_max
             )));
         }
+        let now = crate::clock::now();
         let ops = vec![
             Op::ExpectEpoch(epoch),
             Op::WriteBody {
                 ino,
                 data,
                 expect_generation,
-                now: crate::clock::now(),
+                now,
+            },
+            Op::DropPrivileges {
+                ino,
+                setid: drop_setid,
+                now,
             },
         ];
         applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
@@ -359,6 +367,7 @@ impl<'a> Files<'a> {
     /// `session` (nonzero) commits only while the session is held, and renews it. `view`
     /// is the generation of the layout the writer's chunks started from (see
     /// `Op::ExpectView`).
+    /// What it takes from the file is as for [`Files::write_small`].
     #[allow(clippy::too_many_arguments)]
     pub async fn commit_layout(
         &self,
@@ -370,6 +379,7 @@ impl<'a> Files<'a> {
         expect_generation: u64,
         session: u64,
         view: u64,
+        drop_setid: bool,
     ) -> Result<Attr, TalonError> {
         let part = self.node.home_part(p, ino)?;
         let cs = self.chunk_size();
@@ -393,13 +403,19 @@ impl<'a> Files<'a> {
             ino,
             generation: view,
         });
+        let now = crate::clock::now();
         ops.push(Op::CommitLayout {
             ino,
             size,
             chunk_size,
             chunks,
             expect_generation,
-            now: crate::clock::now(),
+            now,
+        });
+        ops.push(Op::DropPrivileges {
+            ino,
+            setid: drop_setid,
+            now,
         });
         applied_attr(part.propose(Command::Atomic(ops)).await?, ino)
     }

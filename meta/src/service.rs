@@ -498,6 +498,7 @@ impl NamespaceSvc for Api {
                 Ino(r.ino),
                 r.body,
                 r.expect_generation,
+                r.drop_setid,
             )
             .await?;
         Ok(Response::new(pb::AttrReply {
@@ -550,6 +551,7 @@ impl NamespaceSvc for Api {
                 r.expect_generation,
                 r.open_session,
                 r.view_generation,
+                r.drop_setid,
             )
             .await?;
         Ok(Response::new(pb::AttrReply {

@@ -314,6 +314,19 @@ pub enum Op {
         /// Leader wall clock (ms) at proposal.
         now_ms: u64,
     },
+    /// What a change of a file's contents or owner takes from it, as Linux's VFS does:
+    /// its `security.capability` xattr, and with `setid` its set-user-ID bit and, if it is
+    /// group-executable, its set-group-ID bit. Nothing for a directory (its set-group-ID
+    /// bit is inheritance, not privilege) or an inode gone; ctime moves only if something
+    /// went. (Last of the ops: a new variant keeps the log's encoding of the others.)
+    DropPrivileges {
+        /// The inode.
+        ino: Ino,
+        /// Clear the set-ID bits too.
+        setid: bool,
+        /// ctime to set if something went.
+        now: Time,
+    },
 }
 
 /// A command in a partition's Raft log.

@@ -99,6 +99,7 @@ impl Fx {
                 ino: ino.0,
                 body,
                 expect_generation: 0,
+                drop_setid: false,
             })
             .await?;
         Ok(r.into_inner().attr.expect("attr"))
@@ -196,6 +197,7 @@ impl Fx {
             expect_generation: 0,
             open_session: session,
             view_generation: view,
+            drop_setid: false,
         };
         Ok(self
             .c

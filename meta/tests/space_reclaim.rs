@@ -93,6 +93,7 @@ async fn deleting_half_the_files_gives_the_space_back() {
                     ino: ino.0,
                     body: body(i),
                     expect_generation: 0,
+                    drop_setid: false,
                 };
                 raw.write_small(req).await.expect("write body");
             }

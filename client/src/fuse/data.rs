@@ -17,8 +17,11 @@
 //! - `write` buffers in the `File`; `flush` (every `close(2)`), `fsync` and `release`
 //!   commit, so after `close` returns every later open anywhere sees the new contents
 //!   (close-to-open);
-//! - O_APPEND and O_TRUNC are the kernel's business: it passes append offsets in each
-//!   write and truncates with a `setattr` before the open.
+//! - O_APPEND is the kernel's business: it passes append offsets in each write; O_TRUNC
+//!   comes with the open and truncates through its handle;
+//! - a write, truncate or O_TRUNC open by a caller that may not keep the file's set-ID
+//!   bits clears them in the commit of the change (`File::drop_setid`), and the handle
+//!   shows them cleared until then.
 //!
 //! A `File` is used by one caller at a time, so requests on one handle take turns; different
 //! handles, even of one inode, proceed in parallel.
@@ -26,6 +29,7 @@
 use crate::client::Client;
 use crate::file::{File, OpenOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use talon_model::attr::without_setid;
 use talon_model::{Attr, Errno, Ino, TalonError, Time};
 use tokio::sync::Mutex;
 
@@ -40,6 +44,8 @@ pub(crate) struct OpenFile {
     /// without waiting for the lock by `getattr`.
     dirty: AtomicBool,
     size: AtomicU64,
+    /// Whether the commit of those writes clears the set-ID bits (`File::drop_setid`).
+    drops_setid: AtomicBool,
     /// When the last uncommitted change was made: the file's mtime and ctime as this
     /// handle shows them until the commit gives the cluster's own.
     changed: std::sync::Mutex<Time>,
@@ -83,6 +89,7 @@ impl OpenFile {
             file: Mutex::new(slot),
             dirty: AtomicBool::new(false),
             size: AtomicU64::new(0),
+            drops_setid: AtomicBool::new(false),
             changed: std::sync::Mutex::new(Time::default()),
         }
     }
@@ -150,13 +157,24 @@ impl OpenFile {
         }
     }
 
-    /// Records the `File`'s size after a change.
-    async fn note_change(&self, f: &mut File) -> Result<(), TalonError> {
+    /// Records the `File`'s size after a change, and that its commit clears the set-ID bits
+    /// if `drop_setid`.
+    async fn note_change(&self, f: &mut File, drop_setid: bool) -> Result<(), TalonError> {
+        if drop_setid {
+            f.drop_setid().await?;
+            self.drops_setid.store(true, Ordering::Release);
+        }
         let size = f.len().await?;
         self.size.store(size, Ordering::Release);
         *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Time::now();
         self.dirty.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Notes that the `File` has nothing uncommitted left.
+    fn committed(&self) {
+        self.dirty.store(false, Ordering::Release);
+        self.drops_setid.store(false, Ordering::Release);
     }
 
     /// Up to `len` bytes at `offset` (fewer only at the end of the file).
@@ -166,14 +184,20 @@ impl OpenFile {
         f.read_at(offset, u64::from(len)).await
     }
 
-    /// Writes `data` at `offset`; returns the bytes taken.
-    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<u32, TalonError> {
+    /// Writes `data` at `offset`; returns the bytes taken. With `drop_setid` (a writer that
+    /// may not keep the set-ID bits), the commit of the change clears them.
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: &[u8],
+        drop_setid: bool,
+    ) -> Result<u32, TalonError> {
         let n = u32::try_from(data.len())
             .map_err(|_| TalonError::posix(Errno::EINVAL, "write larger than 4 GiB"))?;
         let mut g = self.file.lock().await;
         let f = self.file(&mut g).await?;
         f.write_at(offset, data).await?;
-        self.note_change(f).await?;
+        self.note_change(f, drop_setid).await?;
         Ok(n)
     }
 
@@ -185,12 +209,15 @@ impl OpenFile {
             .then(|| self.size.load(Ordering::Acquire))
     }
 
-    /// `a` as this handle shows it while it holds uncommitted changes: their size, and
-    /// mtime and ctime no older than the last change (a write or truncate changes them at
-    /// once, not at the commit).
+    /// `a` as this handle shows it while it holds uncommitted changes: their size, the
+    /// set-ID bits their commit leaves, and mtime and ctime no older than the last change (a
+    /// write or truncate changes them at once, not at the commit).
     pub fn overlay(&self, mut a: Attr) -> Attr {
         if let Some(size) = self.pending_size() {
             a.size = size;
+            if self.drops_setid.load(Ordering::Acquire) {
+                a.perm = without_setid(a.perm);
+            }
             let changed = *self.changed.lock().unwrap_or_else(|e| e.into_inner());
             a.mtime = a.mtime.max(changed);
             a.ctime = a.ctime.max(changed);
@@ -216,9 +243,10 @@ impl OpenFile {
         self.file(&mut g).await?.hold_now().await
     }
 
-    /// Truncates or extends the file to `size` (EBADF once the handle is closed).
-    pub async fn set_len(&self, size: u64) -> Result<(), TalonError> {
-        if self.set_len_if_open(size).await? {
+    /// Truncates or extends the file to `size` (EBADF once the handle is closed); with
+    /// `drop_setid`, as [`OpenFile::write`].
+    pub async fn set_len(&self, size: u64, drop_setid: bool) -> Result<(), TalonError> {
+        if self.set_len_if_open(size, drop_setid).await? {
             Ok(())
         } else {
             Err(closed(self.ino))
@@ -229,14 +257,14 @@ impl OpenFile {
     /// beside a writer with uncommitted writes): false, with nothing done, if the handle
     /// was closed meanwhile, its writes committed by then ([`OpenFile::close`] holds the
     /// handle until its commit ends).
-    pub async fn set_len_if_open(&self, size: u64) -> Result<bool, TalonError> {
+    pub async fn set_len_if_open(&self, size: u64, drop_setid: bool) -> Result<bool, TalonError> {
         let mut g = self.file.lock().await;
         if matches!(*g, Slot::Closed) {
             return Ok(false);
         }
         let f = self.file(&mut g).await?;
         f.set_len(size).await?;
-        self.note_change(f).await?;
+        self.note_change(f, drop_setid).await?;
         Ok(true)
     }
 
@@ -247,7 +275,7 @@ impl OpenFile {
             return Ok(());
         };
         f.flush().await?;
-        self.dirty.store(false, Ordering::Release);
+        self.committed();
         Ok(())
     }
 
@@ -258,7 +286,7 @@ impl OpenFile {
             return Ok(());
         };
         f.sync_all().await?;
-        self.dirty.store(false, Ordering::Release);
+        self.committed();
         Ok(())
     }
 
@@ -271,14 +299,20 @@ impl OpenFile {
             return Ok(());
         };
         let r = f.close().await;
-        self.dirty.store(false, Ordering::Release);
+        self.committed();
         r
     }
 }
 
-/// Truncates or extends `ino` to `size` without an open handle (`truncate(2)`).
-pub(crate) async fn truncate(client: &Client, ino: Ino, size: u64) -> Result<(), TalonError> {
-    client.truncate(ino, size).await.map(|_| ())
+/// Truncates or extends `ino` to `size` without an open handle (`truncate(2)`); with
+/// `drop_setid`, as [`OpenFile::write`].
+pub(crate) async fn truncate(
+    client: &Client,
+    ino: Ino,
+    size: u64,
+    drop_setid: bool,
+) -> Result<(), TalonError> {
+    client.truncate_as(ino, size, drop_setid).await.map(|_| ())
 }
 
 #[cfg(test)]
@@ -309,7 +343,7 @@ mod tests {
                 .await
                 .expect("open"),
         );
-        w.write(0, b"0123456789").await.expect("write");
+        w.write(0, b"0123456789", false).await.expect("write");
         let closing = {
             let w = w.clone();
             tokio::spawn(async move { w.close().await })
@@ -321,7 +355,7 @@ mod tests {
                 _ => break,
             }
         }
-        let through = w.set_len_if_open(3).await.expect("truncate");
+        let through = w.set_len_if_open(3, false).await.expect("truncate");
         assert!(!through, "a closed handle took the truncate");
         assert_eq!(
             c.read_file("/f").await.expect("read"),
@@ -329,7 +363,7 @@ mod tests {
             "the handle was found closed before its writes were committed"
         );
         closing.await.expect("join").expect("close");
-        truncate(&c, ino, 3).await.expect("truncate at once");
+        truncate(&c, ino, 3, false).await.expect("truncate at once");
         assert_eq!(c.read_file("/f").await.expect("read"), b"012");
         cluster.shutdown().await;
     }

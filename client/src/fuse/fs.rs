@@ -8,8 +8,10 @@
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
 //! see `data`) and the release of a handle with nothing to commit; a read-only open asks
 //! the kernel for no flush at all (`open_flags`), and a flush of a handle with nothing to
-//! commit is answered here too. So is the kernel's `security.capability` check before the
-//! first write to a relaxed file this mount has just created (it has no xattrs yet; see
+//! commit is answered here too. So is, on a kernel that checks `security.capability` before
+//! every write itself (one without `FUSE_HANDLE_KILLPRIV_V2`; newer ones leave set-ID bits
+//! and capabilities to the mount, which leaves them to the cluster's commit), that check
+//! for a relaxed file this mount has just created (it has no xattrs yet; see
 //! `Shared::fresh`), and so is the kernel's getattr of a relaxed directory right after this
 //! mount's own create or remove in it, from the attributes that change's answer carried
 //! (`Shared::own_dirs`). A lookup, a getattr, a read and a write start in the session thread
@@ -232,6 +234,15 @@ fn stale(e: TalonError) -> TalonError {
     } else {
         e
     }
+}
+
+/// Whether a truncate by `req`'s caller (`truncate(2)`, or an open with `O_TRUNC`) clears
+/// the file's set-ID bits. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves that to the
+/// file system and flags a caller without `CAP_FSETID`; the flag reaches a write here, but
+/// not a setattr or an open, so a caller's uid 0 stands for the capability there. A chown
+/// clears them whoever makes it (the cluster does, see `Op::DropPrivileges`).
+fn caller_drops_setid(req: &Request) -> bool {
+    req.uid() != 0
 }
 
 fn time_set(t: TimeOrNow) -> TimeSet {
@@ -525,13 +536,20 @@ impl Shared {
     /// and it is not empty: through that handle if it writes, so the truncate and its
     /// writes apply in order and no other handle of the file takes part; directly for a
     /// read-only one (the kernel has checked the caller may write).
-    async fn truncate_at_open(&self, fh: u64, flags: i32, a: &Attr) -> Result<(), TalonError> {
+    /// `drop_setid` as [`caller_drops_setid`] says for the caller.
+    async fn truncate_at_open(
+        &self,
+        fh: u64,
+        flags: i32,
+        a: &Attr,
+        drop_setid: bool,
+    ) -> Result<(), TalonError> {
         if flags & libc::O_TRUNC == 0 || a.size == 0 {
             return Ok(());
         }
         match self.files.get(fh) {
-            Some(f) if f.writable => f.set_len(0).await,
-            _ => data::truncate(&self.client, a.ino, 0).await,
+            Some(f) if f.writable => f.set_len(0, drop_setid).await,
+            _ => data::truncate(&self.client, a.ino, 0, drop_setid).await,
         }
     }
 
@@ -616,6 +634,11 @@ impl Filesystem for TalonFs {
             // after the open, which could reach another writer's handle of the file,
             // one that its release was closing (EBADF at the truncating open's close).
             InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // The set-ID bits and `security.capability` a write, a truncate or a chown must
+            // clear are cleared by the cluster, with the change (see `caller_drops_setid`):
+            // without it the kernel asks for `security.capability` before every write(2),
+            // a request to the cluster for each one to a file this mount has not just made.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             if config.add_capabilities(cap).is_err() {
                 tracing::debug!("kernel lacks FUSE capability {cap:?}");
@@ -691,7 +714,7 @@ impl Filesystem for TalonFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -707,6 +730,7 @@ impl Filesystem for TalonFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let drop_setid = caller_drops_setid(req);
         self.spawn(move |s| async move {
             let i = ino(i);
             let r = async {
@@ -719,16 +743,16 @@ impl Filesystem for TalonFs {
                     // committed its writes: the truncate follows them at once.
                     let through = match fh.and_then(|fh| s.files.get(fh.0)) {
                         Some(f) => {
-                            f.set_len(size).await?;
+                            f.set_len(size, drop_setid).await?;
                             true
                         }
                         None => match s.dirty_writer(i) {
-                            Some(f) => f.set_len_if_open(size).await?,
+                            Some(f) => f.set_len_if_open(size, drop_setid).await?,
                             None => false,
                         },
                     };
                     if !through {
-                        data::truncate(&s.client, i, size).await?;
+                        data::truncate(&s.client, i, size, drop_setid).await?;
                     }
                 }
                 let set = SetAttr {
@@ -927,17 +951,18 @@ impl Filesystem for TalonFs {
         });
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // A relaxed read-only open fetches nothing until a read needs it: answered here.
         if let Some((fh, f)) = self.s.open_deferred(ino(i), flags.0) {
             return reply.opened(FileHandle(fh), f);
         }
+        let drop_setid = caller_drops_setid(req);
         self.spawn(move |s| async move {
             // The kernel opens directories with opendir; the File refuses anything but a
             // regular file (EISDIR).
             let r = async {
                 let (fh, f, a) = s.open_file(ino(i), flags.0, None).await?;
-                s.truncate_at_open(fh, flags.0, &a).await?;
+                s.truncate_at_open(fh, flags.0, &a, drop_setid).await?;
                 Ok((fh, f))
             };
             match r.await.map_err(stale) {
@@ -978,18 +1003,21 @@ impl Filesystem for TalonFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let data = data.to_vec();
+        // The kernel leaves the set-ID bits to this mount (`FUSE_HANDLE_KILLPRIV_V2`) and
+        // says here whether this writer may keep them.
+        let drop_setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // A write the handle only buffers finishes here.
         self.answer_or_spawn(move |s| async move {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.write(offset, &data).await {
+            match f.write(offset, &data, drop_setid).await {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno("write", &e)),
             }
@@ -1338,6 +1366,7 @@ impl Filesystem for TalonFs {
     ) {
         let name = name_of(name);
         let owner = (req.uid(), req.gid());
+        let drop_setid = caller_drops_setid(req);
         self.spawn(move |s| async move {
             let r = async {
                 if mode & libc::S_IFMT != 0 && mode & libc::S_IFMT != libc::S_IFREG {
@@ -1357,7 +1386,7 @@ impl Filesystem for TalonFs {
                     s.fresh.insert(a.ino, made);
                 }
                 // The name existed already (a create without O_EXCL opens it).
-                s.truncate_at_open(fh, flags, &a).await?;
+                s.truncate_at_open(fh, flags, &a, drop_setid).await?;
                 Ok((s.with_open_size(a), fh, fflags))
             };
             match r.await {
@@ -1405,8 +1434,9 @@ impl Filesystem for TalonFs {
                 };
                 // Talon stores no blocks ahead of data: mode 0 only has to make the file
                 // at least `end` long.
+                // (The kernel clears the set-ID bits before a fallocate itself.)
                 if end > size {
-                    f.set_len(end).await?;
+                    f.set_len(end, false).await?;
                 }
                 Ok(())
             };

@@ -269,18 +269,21 @@ pub(crate) fn open(h: Header, ino: Ino, want_body: bool) -> pb::OpenRequest {
 }
 
 /// `WriteSmallRequest`: `body` becomes the whole contents of `ino`, if it is at
-/// `expect_generation` (0: whatever its generation).
+/// `expect_generation` (0: whatever its generation), clearing its set-ID bits if
+/// `drop_setid`.
 pub(crate) fn write_small(
     h: Header,
     ino: Ino,
     body: &[u8],
     expect_generation: u64,
+    drop_setid: bool,
 ) -> pb::WriteSmallRequest {
     pb::WriteSmallRequest {
         header: h.wire(),
         ino: ino.0,
         body: body.to_vec(),
         expect_generation,
+        drop_setid,
     }
 }
 
@@ -325,6 +328,7 @@ pub(crate) fn get_chunk(
 /// bytes long, if it is at `expect_generation` (0: whatever its generation) and, when
 /// `open_session` is nonzero, while that open session is held. `view` is the generation
 /// the writer's list of chunks started from (`u64::MAX`: all stored for this commit).
+/// `drop_setid` as in [`write_small`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn commit_layout(
     h: Header,
@@ -335,6 +339,7 @@ pub(crate) fn commit_layout(
     expect_generation: u64,
     open_session: u64,
     view: u64,
+    drop_setid: bool,
 ) -> pb::CommitLayoutRequest {
     pb::CommitLayoutRequest {
         header: h.wire(),
@@ -345,6 +350,7 @@ pub(crate) fn commit_layout(
         expect_generation,
         open_session,
         view_generation: view,
+        drop_setid,
     }
 }
 

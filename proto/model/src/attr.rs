@@ -163,6 +163,17 @@ impl From<Class> for pb::ConsistencyClass {
     }
 }
 
+/// Permission bits `perm` without the set-user-ID bit, and without the set-group-ID bit if
+/// they are group-executable (without it, that bit marks mandatory locking, not privilege):
+/// what a write or truncate by a caller that may not keep them, or a chown, leaves.
+pub fn without_setid(perm: u32) -> u32 {
+    let mut p = perm & !0o4000;
+    if p & 0o010 != 0 {
+        p &= !0o2000;
+    }
+    p
+}
+
 /// Decodes a wire class; `Ok(None)` is "unspecified" (inherit).
 pub fn class_from_wire(v: i32) -> Result<Option<Class>, TalonError> {
     match pb::ConsistencyClass::try_from(v) {
