@@ -247,6 +247,8 @@ async fn setattr_and_statfs() {
     );
     let a = a.await.expect("chown");
     assert_eq!((a.uid, a.gid), (1000, 100));
+    // A chown of a file takes its set-user-ID bit, as on Linux.
+    assert_eq!(a.perm, 0o0750);
     let a = c
         .setattr(
             f.ino,
@@ -294,7 +296,7 @@ async fn setattr_and_statfs() {
         "2033 is later than now"
     );
     let g = c.getattr(f.ino).await.expect("getattr");
-    assert_eq!((g.perm, g.uid, g.size), (0o4750, 1000, 10));
+    assert_eq!((g.perm, g.uid, g.size), (0o0750, 1000, 10));
     let gone = talon_client::Ino::new(f.ino.home(), f.ino.counter() + 1_000_000);
     assert_eq!(
         errno(c.setattr(gone, SetAttr::default()).await),
