@@ -777,11 +777,12 @@ fn setgid_directories_pass_their_group_on() {
     }
 }
 
-/// Writing a new small file through the mount (`open(O_CREAT)`, write, close) costs four
+/// Writing a new small file through the mount (`open(O_CREAT)`, write, close) costs five
 /// requests of the kernel's that need the cluster: its lookup of the new name, the create,
-/// the body's write at close, and its getattr of the parent (the parent's attributes
-/// changed) before the next lookup there. In a relaxed directory the last is answered by
-/// the mount (the create's answer carried the parent's attributes). The
+/// its check for `security.capability` before the first write, the body's write at close,
+/// and its getattr of the parent (the parent's attributes changed) before the next lookup
+/// there. In a relaxed directory two of them are answered by the mount: the check (a new
+/// file has no xattrs) and the parent's attributes (the create's answer carried them). The
 /// create's answer opens the empty file: no round trip fetches what a new file holds.
 /// Removing the files again is one round trip each in a relaxed directory: the unlink (the
 /// kernel knows the name; the parent's attributes come with the previous unlink's answer).

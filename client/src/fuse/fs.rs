@@ -8,11 +8,11 @@
 //! thread itself, without a trip through the runtime: a relaxed read-only open (deferred,
 //! see `data`) and the release of a handle with nothing to commit; a read-only open asks
 //! the kernel for no flush at all (`open_flags`), and a flush of a handle with nothing to
-//! commit is answered here too. So is, on a kernel that checks `security.capability` before
-//! every write itself (one without `FUSE_HANDLE_KILLPRIV_V2`; newer ones leave set-ID bits
-//! and capabilities to the mount, which leaves them to the cluster's commit), that check
-//! for a relaxed file this mount has just created (it has no xattrs yet; see
-//! `Shared::fresh`), and so is the kernel's getattr of a relaxed directory right after this
+//! commit is answered here too. So is the kernel's `security.capability` check before the
+//! first write to a relaxed file this mount has just created (it has no xattrs yet; see
+//! `Shared::fresh`): the kernel checks once per file it holds, and leaves clearing set-ID
+//! bits and capabilities to the mount, which leaves them to the cluster's commit
+//! (`FUSE_HANDLE_KILLPRIV_V2`; without it the kernel checks before every write); and so is the kernel's getattr of a relaxed directory right after this
 //! mount's own create or remove in it, from the attributes that change's answer carried
 //! (`Shared::own_dirs`). A lookup, a getattr, a read and a write start in the session thread
 //! and finish there when nothing makes them wait (a relaxed read that the node in this
@@ -637,7 +637,8 @@ impl Filesystem for TalonFs {
             // The set-ID bits and `security.capability` a write, a truncate or a chown must
             // clear are cleared by the cluster, with the change (see `caller_drops_setid`):
             // without it the kernel asks for `security.capability` before every write(2),
-            // a request to the cluster for each one to a file this mount has not just made.
+            // a request to the cluster for each one to a file this mount has not just made;
+            // with it, before the first write to a file it holds.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             if config.add_capabilities(cap).is_err() {
