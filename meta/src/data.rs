@@ -40,7 +40,7 @@ use crate::reads::{read_stored_unblocking, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op, Outcome};
 use crate::view::{any_holds_at, holds_at, View};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use talon_model::placement::chunk_partition;
@@ -531,28 +531,45 @@ impl<'a> Files<'a> {
 
     /// One round of reclaiming unlinked files on the partitions this node leads: those
     /// unlinked longer ago than their grace (`Files::reclaim_grace`: `unlinked_grace_ms`,
-    /// half of it while the data file system is nearly full), unless an open session holds
-    /// them (a reader or writer that still has the file open). Sessions on a reclaimed file
-    /// that expired are ended in the same command. A reclaimed file's chunks go with it
-    /// (see `Files::drop_chunks_of_gone`).
+    /// half of it while the data file system is nearly full) by the unlinking leader's wall
+    /// clock, and found unlinked by this node for that grace on its monotonic clock too, so
+    /// that a wall clock that jumped forward (this one, or the unlinking leader's behind)
+    /// cannot shorten the grace that a reader's session start relies on; unless an open
+    /// session holds them (a reader or writer that still has the file open). Sessions on a
+    /// reclaimed file that expired are ended in the same command. A reclaimed file's chunks
+    /// go with it (see `Files::drop_chunks_of_gone`).
     pub async fn collect_unlinked(&self) {
         let grace = self.reclaim_grace();
         let now = crate::clock::now().as_millis();
         for (p, part) in &self.node.partitions {
             if part.leader() != Some(self.node.config.node_id) {
+                self.node.unlinked_due.forget(*p);
                 continue;
             }
-            let due: Vec<Ino> = match part.store.unlinked(self.scan_limit()) {
-                Ok(u) => u
-                    .into_iter()
-                    .filter(|&(_, at)| now.saturating_sub(at) >= grace)
-                    .map(|(ino, _)| ino)
-                    .collect(),
+            let unlinked = match part.store.unlinked(self.scan_limit()) {
+                Ok(u) => u,
                 Err(e) => {
                     tracing::error!(partition = p, "scan unlinked files: {e}");
                     continue;
                 }
             };
+            // Counted on the monotonic clock from the first round that finds the file, as
+            // soon as it is unlinked: in a steady cluster no later than by the wall clock.
+            let seen: HashSet<Ino> = self
+                .node
+                .unlinked_due
+                .confirmed(
+                    *p,
+                    unlinked.iter().map(|&(ino, _)| ino).collect(),
+                    Duration::from_millis(grace),
+                )
+                .into_iter()
+                .collect();
+            let due: Vec<Ino> = unlinked
+                .into_iter()
+                .filter(|&(ino, at)| now.saturating_sub(at) >= grace && seen.contains(&ino))
+                .map(|(ino, _)| ino)
+                .collect();
             // (file, its expired sessions) of the files no session holds now.
             let unheld: Vec<(Ino, Vec<u64>)> = due
                 .into_iter()

@@ -122,6 +122,8 @@ pub struct Node {
     /// Chunks taken out of a layout (inode, write id, index) found due (see
     /// `data::Files::collect_dropped`).
     pub(crate) dropped_due: DueSince<(Ino, u64, u32)>,
+    /// Unlinked files found (see `data::Files::collect_unlinked`).
+    pub(crate) unlinked_due: DueSince<Ino>,
 }
 
 impl std::fmt::Debug for Node {
@@ -282,6 +284,7 @@ impl Node {
             txns_due: DueSince::default(),
             chunks_due: DueSince::default(),
             dropped_due: DueSince::default(),
+            unlinked_due: DueSince::default(),
         });
         node.initialize_groups().await?;
         node.spawn(dir_touch_loop);

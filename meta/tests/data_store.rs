@@ -650,13 +650,19 @@ async fn an_unlinked_file_stays_while_an_open_session_holds_it() {
     })
     .await
     .expect("end");
-    eventually(Duration::from_secs(30), "the ended file's reclaim", || {
-        let mut c = fx.c.clone();
+    reclaimed_within(&fx.c, held, 30, "the ended file's reclaim").await;
+    fx.cluster.shutdown().await;
+}
+
+/// Waits up to `secs` for inode `ino` to be gone (an open by inode answers ENOENT).
+async fn reclaimed_within(c: &NamespaceClient<Channel>, ino: Ino, secs: u64, what: &str) {
+    eventually(Duration::from_secs(secs), what, || {
+        let mut c = c.clone();
         async move {
             let r = c
                 .open(pb::OpenRequest {
-                    header: hdr(held.home()),
-                    ino: held.0,
+                    header: hdr(ino.home()),
+                    ino: ino.0,
                     want_body: false,
                 })
                 .await;
@@ -667,7 +673,6 @@ async fn an_unlinked_file_stays_while_an_open_session_holds_it() {
         }
     })
     .await;
-    fx.cluster.shutdown().await;
 }
 
 /// The chunk collector pages through a partition's chunks: with rounds of four records and
@@ -861,6 +866,44 @@ async fn a_chunk_stamped_by_a_clock_far_behind_waits_out_the_grace() {
     .await
     .expect("commit");
     assert!(fx.read(ino).await == body, "the committed chunk reads back");
+    fx.cluster.shutdown().await;
+}
+
+/// A file unlinked by a leader whose wall clock was far behind (as good as read by one whose
+/// clock jumped forward since) is kept for its grace on the reclaiming node's monotonic clock
+/// too: a reader that looked its name up just before the unlink, and holds no session until
+/// a quarter of the grace after its open, can still open it by inode; it goes after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlink_stamped_by_a_clock_far_behind_waits_out_the_grace() {
+    use talon_meta::types::{Command, CommandResult, Op};
+    // Unlinked files reclaimed after 8 s (rounds every 2 s).
+    let mut fx = fixture_with(60_000, 8_000, None).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let ino = fx.file("old").await;
+    let body = b"read after the unlink".to_vec();
+    fx.write_small(ino, body.clone()).await.expect("write");
+    let unlink = vec![
+        Op::DelDentry {
+            parent: ROOT_INO,
+            name: b"old".to_vec(),
+        },
+        Op::AdjustInode {
+            ino,
+            nlink: -1,
+            parent: None,
+            touch_mtime: false,
+            now: talon_model::Time { secs: 1, nanos: 0 },
+        },
+    ];
+    let r = node
+        .propose_on(ino.home(), Command::Atomic(unlink))
+        .await
+        .expect("unlink");
+    assert!(matches!(r, CommandResult::Applied(_)), "{r:?}");
+    // Two of the collector's rounds, at least.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fx.read(ino).await, body, "kept within its grace");
+    reclaimed_within(&fx.c, ino, 30, "the reclaim after the grace").await;
     fx.cluster.shutdown().await;
 }
 
