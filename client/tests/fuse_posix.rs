@@ -419,16 +419,7 @@ fn attributes_and_permissions_of_another_user() {
     // Created files belong to their creator.
     fs::create_dir(m.path("pub")).expect("mkdir");
     fs::set_permissions(m.path("pub"), fs::Permissions::from_mode(0o777)).expect("chmod 777");
-    let as_nobody = |script: &str| {
-        Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(&m.root)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .output()
-            .expect("run as nobody")
-    };
+    let as_nobody = |script: &str| run_as_nobody(&m.root, script);
     let out = as_nobody("echo mine > pub/made && stat -c '%u %g' pub/made");
     assert!(
         out.status.success(),
@@ -924,6 +915,18 @@ fn a_missing_relaxed_name_is_asked_for_once_per_ttl() {
     );
 }
 
+/// Runs shell `script` in `dir` as the unprivileged user `NOBODY`.
+fn run_as_nobody(dir: &std::path::Path, script: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .expect("run as nobody")
+}
+
 /// The mount takes set-ID bits and capabilities from a file as a kernel file system does,
 /// and so the kernel asks nothing before each write: a writer without `CAP_FSETID`
 /// (here, another user) clears the set-user-ID bit and a group-executable set-group-ID bit
@@ -943,14 +946,7 @@ fn writes_take_set_id_bits_and_capabilities_without_asking_first() {
         fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod")
     };
     let as_nobody = |script: &str| {
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(&m.root)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .output()
-            .expect("run as nobody");
+        let out = run_as_nobody(&m.root, script);
         assert!(
             out.status.success(),
             "{script}: {}",
