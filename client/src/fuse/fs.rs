@@ -12,16 +12,16 @@
 //! first write to a relaxed file this mount has just created (it has no xattrs yet; see
 //! `Shared::fresh`): the kernel checks once per file it holds, and leaves clearing set-ID
 //! bits and capabilities to the mount, which leaves them to the cluster's commit
-//! (`FUSE_HANDLE_KILLPRIV_V2`; without it the kernel checks before every write); and so is the kernel's getattr of a relaxed directory right after this
-//! mount's own create or remove in it, from the attributes that change's answer carried
-//! (`Shared::own_dirs`). A lookup, a getattr, a read and a write start in the session thread
-//! and finish there when nothing makes them wait (a relaxed read that the node in this
-//! very process, `talon up`'s, answers at once; a write the handle only buffers); one that
-//! must wait (the network, a ReadIndex, a lock) goes on in the runtime. Ordering
-//! between requests is the kernel's business: it already serialises what POSIX requires
-//! (a write returns before the `close` that flushes it, directory operations on one name
-//! hold its lock), and the mount adds no ordering of its own beyond one lock per open
-//! directory.
+//! (`FUSE_HANDLE_KILLPRIV_V2`; without it the kernel checks before every write). And so
+//! is the kernel's getattr of a relaxed directory right after this mount's own create or
+//! remove in it, from the attributes that change's answer carried (`Shared::own_dirs`).
+//! A lookup, a getattr, a read and a write start in the session thread and finish there
+//! when nothing makes them wait (a relaxed read that the node in this very process answers
+//! at once, as `talon up`'s does; a write the handle only buffers); one that must wait (the
+//! network, a ReadIndex, a lock) goes on in the runtime. Ordering between requests is the
+//! kernel's business: it already serialises what POSIX requires (a write returns before
+//! the `close` that flushes it, directory operations on one name hold its lock), and the
+//! mount adds no ordering of its own beyond one lock per open directory.
 //!
 //! What the mount keeps per inode is only what the kernel cannot: open file and directory
 //! handles ([`handles`](super::handles)). Inode numbers are Talon's, unchanged (both number
@@ -1434,8 +1434,8 @@ impl Filesystem for TalonFs {
                     None => s.client.getattr(f.ino).await?.size,
                 };
                 // Talon stores no blocks ahead of data: mode 0 only has to make the file
-                // at least `end` long.
-                // (The kernel clears the set-ID bits before a fallocate itself.)
+                // at least `end` long. (The kernel clears the set-ID bits before a
+                // fallocate itself.)
                 if end > size {
                     f.set_len(end, false).await?;
                 }
