@@ -26,6 +26,7 @@ use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
 };
 use crate::view::{any_holds_at, holds_at, View};
+use talon_model::attr::without_setid;
 use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
 /// The keys a prepared op list locks.
@@ -772,7 +773,7 @@ impl Applier {
                         continue;
                     }
                     let perm = if *setid {
-                        talon_model::attr::without_setid(rec.attr.perm)
+                        without_setid(rec.attr.perm)
                     } else {
                         rec.attr.perm
                     };
