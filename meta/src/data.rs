@@ -553,8 +553,9 @@ impl<'a> Files<'a> {
                     continue;
                 }
             };
-            // Counted on the monotonic clock from the first round that finds the file, as
-            // soon as it is unlinked: in a steady cluster no later than by the wall clock.
+            // Counted on the monotonic clock from the first round that finds the file (the
+            // round after its unlink, in a steady cluster): at most a round later than by
+            // the wall clock. A file past the scan's page is counted once it is in it.
             let seen: HashSet<Ino> = self
                 .node
                 .unlinked_due
