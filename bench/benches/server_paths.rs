@@ -177,7 +177,7 @@ fn packed_store(c: &mut Criterion) {
             || {
                 Command::Atomic(vec![Op::WriteBody {
                     ino,
-                    data: data.clone(),
+                    data: data.clone().into(),
                     expect_generation: 0,
                     now: Time::now(),
                 }])

@@ -31,6 +31,7 @@ use crate::router::ReadKind;
 use crate::settle::Scope;
 use crate::wire::replies;
 use crate::wire::requests::{self, Header};
+use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use talon_model::placement::{chunk_partition, entry_partition};
 use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
@@ -153,7 +154,7 @@ impl Client {
     pub(crate) async fn rpc_write_small(
         &self,
         ino: Ino,
-        body: &[u8],
+        body: Bytes,
         drop_setid: bool,
     ) -> Result<Attr, TalonError> {
         let p = ino.home();
@@ -162,7 +163,7 @@ impl Client {
                 let req = requests::write_small(
                     Header::new(p, ReadKind::Write, epoch),
                     ino,
-                    body,
+                    body.clone(),
                     ANY_GENERATION,
                     drop_setid,
                 );
@@ -188,7 +189,7 @@ impl Client {
         ino: Ino,
         write_id: u64,
         index: u32,
-        data: &[u8],
+        data: Bytes,
     ) -> Result<(), TalonError> {
         let p = chunk_partition(ino, index, self.router().partitions());
         let req = requests::put_chunk(
@@ -483,7 +484,9 @@ impl Client {
     pub async fn write_file_ino(&self, ino: Ino, data: &[u8]) -> Result<Attr, TalonError> {
         let (small_max, chunk_size) = self.data_limits();
         if data.len() as u64 <= small_max {
-            return self.rpc_write_small(ino, data, false).await;
+            return self
+                .rpc_write_small(ino, Bytes::copy_from_slice(data), false)
+                .await;
         }
         let cs = chunk_size as usize;
         // The chunks are held by an open session until the commit names them, however long
@@ -499,7 +502,8 @@ impl Client {
                 let part = &data[i * cs..((i + 1) * cs).min(data.len())];
                 let write_id = ids[i];
                 async move {
-                    self.rpc_put_chunk(ino, write_id, i as u32, part).await?;
+                    self.rpc_put_chunk(ino, write_id, i as u32, Bytes::copy_from_slice(part))
+                        .await?;
                     Ok::<_, TalonError>(ChunkRef {
                         write_id,
                         len: part.len() as u32,

@@ -53,6 +53,7 @@ use crate::open_session::OpenSession;
 use crate::path;
 use crate::router::ReadKind;
 use crate::types::CreateSpec;
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -142,8 +143,30 @@ impl OpenOptions {
 struct Upload {
     index: u32,
     write_id: u64,
-    data: Arc<Vec<u8>>,
+    data: Bytes,
     result: Result<(), TalonError>,
+}
+
+/// A small file's body lent to its `WriteSmall` as `Bytes`, without a copy. The File gets
+/// it back when the loan is dropped: after the request, or when a caller drops the commit
+/// before it finished (which must not lose the contents); a copy is made only if the
+/// request still shares it then.
+struct Lent<'a> {
+    home: &'a mut Vec<u8>,
+    body: Bytes,
+}
+
+impl<'a> Lent<'a> {
+    fn new(home: &'a mut Vec<u8>) -> Lent<'a> {
+        let body = Bytes::from(std::mem::take(home));
+        Lent { home, body }
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        *self.home = Vec::from(std::mem::take(&mut self.body));
+    }
 }
 
 /// The contents of a chunked file as this File sees them.
@@ -155,7 +178,7 @@ struct Chunks {
     dirty: BTreeMap<u32, Vec<u8>>,
     /// Chunks being stored, by index: their write id and bytes, served to reads while
     /// `refs` names that write id.
-    storing: HashMap<u32, (u64, Arc<Vec<u8>>)>,
+    storing: HashMap<u32, (u64, Bytes)>,
     uploads: JoinSet<Upload>,
 }
 
@@ -327,10 +350,14 @@ impl Core {
         self.changed = true;
         if let Body::Small(b) = &mut self.body {
             if end <= self.small_max {
-                if (b.len() as u64) < end {
-                    b.resize(end as usize, 0);
+                if offset == b.len() as u64 {
+                    b.extend_from_slice(data);
+                } else {
+                    if (b.len() as u64) < end {
+                        b.resize(end as usize, 0);
+                    }
+                    b[offset as usize..end as usize].copy_from_slice(data);
                 }
-                b[offset as usize..end as usize].copy_from_slice(data);
                 self.size = b.len() as u64;
                 return Ok(());
             }
@@ -339,10 +366,16 @@ impl Core {
         let Body::Chunked(c) = &mut self.body else {
             return Err(TalonError::Invalid("file body is not chunked".into()));
         };
+        let whole = c.chunk_size as usize;
         for (index, in_chunk, n, at) in pieces(offset, data.len() as u64, c.chunk_size) {
             let buf = c.dirty_chunk(&self.client, self.ino, index).await?;
             let (lo, hi) = (in_chunk as usize, (in_chunk + n) as usize);
             if buf.len() < hi {
+                // A chunk that grows is made room for whole at once: a sequential writer
+                // fills it, and growing it by doublings would copy it each time.
+                if buf.capacity() < hi {
+                    buf.reserve_exact(whole - buf.len());
+                }
                 buf.resize(hi, 0);
             }
             buf[lo..hi].copy_from_slice(&data[at as usize..(at + n) as usize]);
@@ -418,14 +451,16 @@ impl Core {
             if !self.changed {
                 return Ok(());
             }
-            let Body::Small(b) = &self.body else {
+            let Body::Small(b) = &mut self.body else {
                 return Err(TalonError::Invalid("file body is not small".into()));
             };
-            let attr = self
+            let lent = Lent::new(b);
+            let sent = self
                 .client
-                .rpc_write_small(self.ino, b, self.drop_setid)
-                .await?;
-            self.attr = attr;
+                .rpc_write_small(self.ino, lent.body.clone(), self.drop_setid)
+                .await;
+            drop(lent);
+            self.attr = sent?;
             self.changed = false;
             self.drop_setid = false;
             return Ok(());
@@ -565,11 +600,13 @@ impl Chunks {
             write_id,
             len: data.len() as u32,
         };
-        let data = Arc::new(data);
+        let data = Bytes::from(data);
         self.storing.insert(index, (write_id, data.clone()));
         let client = client.clone();
         self.uploads.spawn(async move {
-            let result = client.rpc_put_chunk(ino, write_id, index, &data).await;
+            let result = client
+                .rpc_put_chunk(ino, write_id, index, data.clone())
+                .await;
             Upload {
                 index,
                 write_id,
@@ -601,7 +638,7 @@ impl Chunks {
                 .is_some_and(|r| r.write_id == done.write_id);
             if named && !self.dirty.contains_key(&done.index) {
                 let len = self.refs[done.index as usize].len as usize;
-                let mut data = Arc::unwrap_or_clone(done.data);
+                let mut data = Vec::from(done.data);
                 data.truncate(len);
                 self.dirty.insert(done.index, data);
             }

@@ -1,10 +1,12 @@
 //! File contents round trips: whole-file writes and reads of sizes around the small-file
 //! threshold and a multi-chunk file, the same through a streaming `File`, sparse files
-//! reading zeros, and the errors of reading what is not a file.
+//! reading zeros, a commit dropped before it finished, and the errors of reading what is
+//! not a file.
 
 mod common;
 
 use common::{errno, Fixture};
+use std::time::Duration;
 use talon_client::{Client, Errno, MkdirOptions, OpenOptions};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
@@ -75,6 +77,34 @@ async fn streaming_files_round_trip_across_the_threshold() {
             let end = f.seek(std::io::SeekFrom::End(-3)).await.expect("seek end");
             assert_eq!(end, n as u64 - 3);
         }
+    }
+    fx.shutdown().await;
+}
+
+/// A commit its caller drops before it finished (a timeout around `flush`) loses nothing:
+/// the next flush commits the same contents, small and chunked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_dropped_midway_loses_nothing() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    c.mkdir("/cx", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let t = c.cluster_map().small_file_max as usize;
+    for (i, n) in [1000, t + (9 << 20)].into_iter().enumerate() {
+        let path = format!("/cx/f{i}");
+        let data = pattern(i as u64 + 40, n);
+        let mut f = c
+            .open(&path, OpenOptions::create_truncate())
+            .await
+            .expect("open for writing");
+        f.write_all(&data).await.expect("write");
+        // Polled once, then dropped while its requests are under way.
+        let dropped = tokio::time::timeout(Duration::ZERO, f.flush()).await;
+        assert!(dropped.is_err(), "{n} bytes: the commit finished at once");
+        f.flush().await.expect("flush after the dropped one");
+        drop(f);
+        assert!(c.read_file(&path).await.expect("read") == data, "{n} bytes");
     }
     fx.shutdown().await;
 }

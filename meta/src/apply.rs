@@ -20,7 +20,7 @@
 use crate::keys::{self, meta};
 use crate::kv::{Kv, Overlay};
 use crate::records::{
-    dec, enc, BodyRec, ChunkRec, Dentry, Fatal, InodeRec, PreparedRec, RequestRec,
+    dec, enc, BodyRec, BodyView, ChunkView, Dentry, Fatal, InodeRec, PreparedRec, RequestRec,
 };
 use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
@@ -654,7 +654,11 @@ impl Applier {
                     rec.attr.ctime = *now;
                     let old = std::mem::replace(&mut rec.layout, Layout::Small);
                     note_dropped(v, *ino, &old, &rec.layout, now, rec.attr.generation)?;
-                    v.put(keys::body(*ino), enc(&BodyRec::new(data.clone())));
+                    let body = BodyView {
+                        crc: crc32c::crc32c(data),
+                        data,
+                    };
+                    v.put(keys::body(*ino), enc(&body));
                     out.attrs.push((*ino, Some(rec.attr.clone())));
                     v.put(keys::inode(*ino), enc(&rec));
                 }
@@ -665,10 +669,10 @@ impl Applier {
                     data,
                     at_ms,
                 } => {
-                    let chunk = ChunkRec {
+                    let chunk = ChunkView {
                         crc: crc32c::crc32c(data),
                         at_ms: *at_ms,
-                        data: data.clone(),
+                        data,
                     };
                     v.put(keys::chunk(*ino, *write_id, *index), enc(&chunk));
                     v.put(
@@ -1082,6 +1086,7 @@ mod tests {
     use super::*;
     use crate::kv::MemKv;
     use crate::types::TxId;
+    use bytes::Bytes;
 
     fn record(id: u64) -> Op {
         Op::RecordRequest {
@@ -1569,7 +1574,7 @@ mod tests {
                 |fx| {
                     vec![Op::WriteBody {
                         ino: fx.d,
-                        data: b"x".to_vec(),
+                        data: Bytes::from_static(b"x"),
                         expect_generation: 0,
                         now: NOW,
                     }]
@@ -1581,7 +1586,7 @@ mod tests {
                 |fx| {
                     vec![Op::WriteBody {
                         ino: fx.f,
-                        data: b"x".to_vec(),
+                        data: Bytes::from_static(b"x"),
                         expect_generation: 77,
                         now: NOW,
                     }]
@@ -1593,7 +1598,7 @@ mod tests {
                 |_| {
                     vec![Op::WriteBody {
                         ino: Ino::new(3, 999),
-                        data: b"x".to_vec(),
+                        data: Bytes::from_static(b"x"),
                         expect_generation: 0,
                         now: NOW,
                     }]
@@ -1717,7 +1722,7 @@ mod tests {
         // A small body, read back with its checksum.
         ok(fx.run(vec![Op::WriteBody {
             ino: f,
-            data: b"hello".to_vec(),
+            data: Bytes::from_static(b"hello"),
             expect_generation: 0,
             now: NOW,
         }]));

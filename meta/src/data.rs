@@ -40,6 +40,7 @@ use crate::reads::{read_stored_unblocking, OpenFile};
 use crate::records::{dec, storage_error, ChunkView};
 use crate::types::{Command, CommandResult, Op, Outcome};
 use crate::view::{any_holds_at, holds_at, View};
+use bytes::Bytes;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,7 +192,7 @@ impl<'a> Files<'a> {
         p: u32,
         epoch: u64,
         ino: Ino,
-        data: Vec<u8>,
+        data: Bytes,
         expect_generation: u64,
         drop_setid: bool,
     ) -> Result<Attr, TalonError> {
@@ -228,7 +229,7 @@ impl<'a> Files<'a> {
         ino: Ino,
         write_id: u64,
         index: u32,
-        data: Vec<u8>,
+        data: Bytes,
     ) -> Result<(), TalonError> {
         let want = chunk_partition(ino, index, self.node.config.cluster.partitions);
         if want != p {

@@ -866,7 +866,7 @@ pub(crate) mod tests {
                     ino: talon_model::Ino(7),
                     write_id: 1,
                     index: id.index as u32,
-                    data: vec![7; bytes],
+                    data: vec![7; bytes].into(),
                     at_ms: 0,
                 },
             ])),

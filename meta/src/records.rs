@@ -49,13 +49,14 @@ fn crc_matches(data: &[u8], crc: u32) -> bool {
 }
 
 /// A [`BodyRec`] as stored, its data borrowed from the stored bytes: what a read that
-/// returns the body decodes, so the body is copied out of the store once, not twice.
-#[derive(Debug, Deserialize)]
+/// returns the body decodes, so the body is copied out of the store once, not twice; and
+/// what the apply encodes a new body from, without a copy of its own.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct BodyView<'a> {
     /// CRC32C of `data`.
     pub crc: u32,
     /// The contents.
-    #[serde(borrow)]
+    #[serde(borrow, with = "serde_bytes")]
     pub data: &'a [u8],
 }
 
@@ -129,15 +130,16 @@ impl BodyRec {
 }
 
 /// A [`ChunkRec`] as stored, its data borrowed from the stored bytes: a chunk read copies
-/// out only the range asked for.
-#[derive(Debug, Deserialize)]
+/// out only the range asked for, and the apply encodes a new chunk from the command's
+/// bytes without a copy of its own.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ChunkView<'a> {
     /// CRC32C of `data`.
     pub crc: u32,
     /// When it was written (leader wall clock, ms).
     pub at_ms: u64,
     /// The contents.
-    #[serde(borrow)]
+    #[serde(borrow, with = "serde_bytes")]
     pub data: &'a [u8],
 }
 
@@ -230,6 +232,30 @@ mod tests {
                 len: 0,
             },
         ]
+    }
+
+    /// The apply encodes bodies and chunks from borrowed views: they store the same bytes
+    /// as the owned records, which every read decodes.
+    #[test]
+    fn views_encode_as_the_records() {
+        let data: Vec<u8> = (0..5000).map(|i| (i % 253) as u8).collect();
+        let body = BodyRec::new(data.clone());
+        let view = BodyView {
+            crc: body.crc,
+            data: &data,
+        };
+        assert_eq!(enc(&view), enc(&body));
+        let chunk = ChunkRec {
+            crc: 9,
+            at_ms: 1234,
+            data: data.clone(),
+        };
+        let view = ChunkView {
+            crc: 9,
+            at_ms: 1234,
+            data: &data,
+        };
+        assert_eq!(enc(&view), enc(&chunk));
     }
 
     /// Moving `Layout` into the model kept the stored bytes: inode records and

@@ -7,6 +7,7 @@
 //! it reads nothing but the state machine and the command (ino allocation included), so
 //! every replica reaches the same state.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, SetAttr, TalonError, Time};
 
@@ -198,9 +199,8 @@ pub enum Op {
     WriteBody {
         /// The file.
         ino: Ino,
-        /// Its new contents.
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
+        /// Its new contents (encoded as `serde_bytes` encodes a `Vec<u8>`).
+        data: Bytes,
         /// Refuse unless the inode is at this generation (0: any).
         expect_generation: u64,
         /// mtime/ctime to set.
@@ -214,9 +214,8 @@ pub enum Op {
         write_id: u64,
         /// Chunk index.
         index: u32,
-        /// Contents.
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
+        /// Contents (encoded as `serde_bytes` encodes a `Vec<u8>`).
+        data: Bytes,
         /// Leader wall clock (ms) at proposal, for garbage collection's grace period.
         at_ms: u64,
     },
@@ -461,6 +460,42 @@ impl From<ApplyError> for TalonError {
             ApplyError::Locked(m) => TalonError::Retry(m),
             ApplyError::StaleEpoch(epoch) => TalonError::StaleEpoch { epoch },
             ApplyError::Invalid(m) => TalonError::Invalid(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How bodies and chunks were declared in the log before they became `Bytes`.
+    #[derive(Serialize, Deserialize)]
+    struct VecBody {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    struct BytesBody {
+        data: Bytes,
+    }
+
+    /// The log's entries keep their encoding: a node reads what an older build wrote, and
+    /// the other way round.
+    #[test]
+    fn bytes_payloads_encode_as_the_vectors_they_replace() {
+        for len in [0, 1, 127, 128, 70_000] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let old = crate::format::encode(&VecBody { data: data.clone() }).expect("encode");
+            let new = crate::format::encode(&BytesBody {
+                data: Bytes::from(data.clone()),
+            })
+            .expect("encode");
+            assert_eq!(old, new, "{len} bytes");
+            let back: BytesBody = crate::format::decode(&old).expect("decode");
+            assert_eq!(back.data, data);
+            let back: VecBody = crate::format::decode(&new).expect("decode");
+            assert_eq!(back.data, data);
         }
     }
 }

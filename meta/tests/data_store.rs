@@ -97,7 +97,7 @@ impl Fx {
             .write_small(pb::WriteSmallRequest {
                 header: hdr(ino.home()),
                 ino: ino.0,
-                body,
+                body: body.into(),
                 expect_generation: 0,
                 drop_setid: false,
             })
@@ -131,7 +131,7 @@ impl Fx {
                 ino: ino.0,
                 write_id,
                 index,
-                data,
+                data: data.into(),
             })
             .await?;
         Ok(())
@@ -845,7 +845,7 @@ async fn a_chunk_stamped_by_a_clock_far_behind_waits_out_the_grace() {
         ino,
         write_id: 1,
         index: 0,
-        data: body.clone(),
+        data: body.clone().into(),
         at_ms: 0,
     };
     let r = node

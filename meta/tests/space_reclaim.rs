@@ -91,7 +91,7 @@ async fn deleting_half_the_files_gives_the_space_back() {
                         session_read: false,
                     }),
                     ino: ino.0,
-                    body: body(i),
+                    body: body(i).into(),
                     expect_generation: 0,
                     drop_setid: false,
                 };

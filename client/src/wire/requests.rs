@@ -4,6 +4,7 @@
 
 use crate::router::ReadKind;
 use crate::types::{CreateSpec, RenameFlags, SetAttr, XattrFlags};
+use bytes::Bytes;
 use talon_model::{ChunkRef, Class, Ino};
 use talon_proto::v1 as pb;
 use talon_proto::v1::batch_op::Op;
@@ -274,14 +275,14 @@ pub(crate) fn open(h: Header, ino: Ino, want_body: bool) -> pb::OpenRequest {
 pub(crate) fn write_small(
     h: Header,
     ino: Ino,
-    body: &[u8],
+    body: Bytes,
     expect_generation: u64,
     drop_setid: bool,
 ) -> pb::WriteSmallRequest {
     pb::WriteSmallRequest {
         header: h.wire(),
         ino: ino.0,
-        body: body.to_vec(),
+        body,
         expect_generation,
         drop_setid,
     }
@@ -293,14 +294,14 @@ pub(crate) fn put_chunk(
     ino: Ino,
     write_id: u64,
     index: u32,
-    data: &[u8],
+    data: Bytes,
 ) -> pb::PutChunkRequest {
     pb::PutChunkRequest {
         header: h.wire(),
         ino: ino.0,
         write_id,
         index,
-        data: data.to_vec(),
+        data,
     }
 }
 
