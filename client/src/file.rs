@@ -569,15 +569,17 @@ impl Chunks {
         index: u32,
         session: &mut Option<OpenSession>,
     ) -> Result<(), TalonError> {
+        if !self.dirty.contains_key(&index) {
+            return Ok(());
+        }
+        // The chunk stays dirty while this waits for a slot, so a caller that drops the
+        // wait (a cancelled write or commit) loses nothing.
+        while self.uploads.len() >= MAX_UPLOADS {
+            self.reap_one().await?;
+        }
         let Some(data) = self.dirty.remove(&index) else {
             return Ok(());
         };
-        while self.uploads.len() >= MAX_UPLOADS {
-            if let Err(e) = self.reap_one().await {
-                self.dirty.entry(index).or_insert(data);
-                return Err(e);
-            }
-        }
         if self.refs.len() <= index as usize {
             self.refs.resize(index as usize + 1, ChunkRef::default());
         }
