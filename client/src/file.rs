@@ -46,6 +46,9 @@
 //! chunk per RPC); `AsyncWrite` accepts data into the File and reports a failure of a
 //! background chunk store at the next write or flush, like a local file system's deferred
 //! write errors; `AsyncSeek` works on the File's current size, uncommitted changes included.
+//! Positional reads (`read_at`, which a mount serves the kernel's reads with) that go
+//! through the file in order fetch the rest of a chunk at their first read of it and answer
+//! the next ones from it: one request per chunk, not one per read.
 
 use crate::client::Client;
 use crate::data::{data_error, pieces, Opened};
@@ -180,6 +183,33 @@ struct Chunks {
     /// `refs` names that write id.
     storing: HashMap<u32, (u64, Bytes)>,
     uploads: JoinSet<Upload>,
+    /// The rest of a chunk fetched for a reader going through the file in order, to
+    /// answer its next reads (see [`Ahead`]).
+    ahead: Option<Ahead>,
+    /// Where the last positional read ended: a read that starts there is sequential.
+    read_end: u64,
+}
+
+/// Bytes of a stored chunk from `from` to its end, fetched in one request when a read
+/// goes through the file in order. A node reads and checks a whole chunk for any range of
+/// it, so a sequential reader (the kernel's 128 KiB reads of a mount, say) that asked for
+/// each range on its own would have every chunk read and checksummed 32 times. A stored
+/// chunk never changes under its write id: the bytes answer while the layout names it.
+struct Ahead {
+    index: u32,
+    write_id: u64,
+    from: u64,
+    data: Vec<u8>,
+}
+
+impl Ahead {
+    /// The bytes `[in_chunk, in_chunk + n)` of chunk `index` under `write_id`, if held.
+    fn get(&self, index: u32, write_id: u64, in_chunk: u64, n: u64) -> Option<&[u8]> {
+        let start = in_chunk.checked_sub(self.from)?;
+        let end = start.checked_add(n)?;
+        (self.index == index && self.write_id == write_id && end <= self.data.len() as u64)
+            .then(|| &self.data[start as usize..end as usize])
+    }
 }
 
 enum Body {
@@ -230,6 +260,8 @@ impl Core {
                 dirty: BTreeMap::new(),
                 storing: HashMap::new(),
                 uploads: JoinSet::new(),
+                ahead: None,
+                read_end: 0,
             }),
         };
         Core {
@@ -271,6 +303,8 @@ impl Core {
             Body::Chunked(c) => c,
         };
         let mut out = vec![0u8; (end - offset) as usize];
+        let sequential = offset == c.read_end;
+        c.read_end = end;
         // Chunks held in memory are copied; the rest are fetched in one parallel read each
         // run of committed chunks.
         let mut fetch: Vec<(u32, u64, u64, u64)> = Vec::new();
@@ -284,8 +318,16 @@ impl Core {
             if r.is_hole() {
                 continue;
             }
-            match c.storing.get(&index) {
-                Some((id, d)) if *id == r.write_id => copy_from(dst, d, in_chunk, r.len as u64),
+            let valid = (r.len as u64).saturating_sub(in_chunk).min(n);
+            let held = c
+                .ahead
+                .as_ref()
+                .and_then(|a| a.get(index, r.write_id, in_chunk, valid));
+            match (c.storing.get(&index), held) {
+                (Some((id, d)), _) if *id == r.write_id => {
+                    copy_from(dst, d, in_chunk, r.len as u64)
+                }
+                (_, Some(d)) => dst[..d.len()].copy_from_slice(d),
                 _ => fetch.push((index, in_chunk, n, at)),
             }
         }
@@ -293,11 +335,17 @@ impl Core {
             let client = self.client.clone();
             let mut runs = futures::stream::FuturesUnordered::new();
             let sem = Arc::new(tokio::sync::Semaphore::new(crate::data::READ_CONCURRENCY));
-            for (index, in_chunk, n, at) in fetch {
+            let last = fetch.len() - 1;
+            for (k, (index, in_chunk, n, at)) in fetch.into_iter().enumerate() {
                 let r = c.refs[index as usize];
-                let valid = (r.len as u64).saturating_sub(in_chunk).min(n);
+                let mut valid = (r.len as u64).saturating_sub(in_chunk).min(n);
                 if valid == 0 {
                     continue;
+                }
+                // A sequential reader's last chunk is fetched to its end, for its next reads.
+                let ahead = sequential && k == last && valid < (r.len as u64) - in_chunk;
+                if ahead {
+                    valid = r.len as u64 - in_chunk;
                 }
                 let (client, sem, ino) = (client.clone(), sem.clone(), self.ino);
                 runs.push(async move {
@@ -305,13 +353,25 @@ impl Core {
                     let data = client
                         .rpc_get_chunk(ino, r.write_id, index, in_chunk as u32, valid as u32)
                         .await?;
-                    Ok::<_, TalonError>((at, data))
+                    let ahead = ahead.then_some((index, r.write_id, in_chunk, n));
+                    Ok::<_, TalonError>((at, data, ahead))
                 });
             }
             use futures::StreamExt;
             while let Some(r) = runs.next().await {
-                let (at, data) = r.map_err(|e| data_error(&self.what, e))?;
-                out[at as usize..at as usize + data.len()].copy_from_slice(&data);
+                let (at, data, ahead) = r.map_err(|e| data_error(&self.what, e))?;
+                let Some((index, write_id, from, n)) = ahead else {
+                    out[at as usize..at as usize + data.len()].copy_from_slice(&data);
+                    continue;
+                };
+                let used = (n as usize).min(data.len());
+                out[at as usize..at as usize + used].copy_from_slice(&data[..used]);
+                c.ahead = Some(Ahead {
+                    index,
+                    write_id,
+                    from,
+                    data,
+                });
             }
         }
         Ok(out)
@@ -333,6 +393,8 @@ impl Core {
                 dirty,
                 storing: HashMap::new(),
                 uploads: JoinSet::new(),
+                ahead: None,
+                read_end: 0,
             });
         }
     }

@@ -1,7 +1,7 @@
 //! File contents round trips: whole-file writes and reads of sizes around the small-file
 //! threshold and a multi-chunk file, the same through a streaming `File`, sparse files
-//! reading zeros, a commit dropped before it finished, and the errors of reading what is
-//! not a file.
+//! reading zeros, a commit dropped before it finished, a sequential reader's requests, and
+//! the errors of reading what is not a file.
 
 mod common;
 
@@ -106,6 +106,69 @@ async fn a_commit_dropped_midway_loses_nothing() {
         drop(f);
         assert!(c.read_file(&path).await.expect("read") == data, "{n} bytes");
     }
+    fx.shutdown().await;
+}
+
+/// A reader going through a chunked file in order with positional reads (as a mount's
+/// kernel does, 128 KiB at a time) asks for each chunk once, not once per read; reads out
+/// of order, and reads of what the File itself wrote since, still read what is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_reader_asks_for_each_chunk_once() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    c.mkdir("/sq", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let cs = c.cluster_map().chunk_size as usize;
+    let data = pattern(77, 3 * cs + 12345);
+    c.write_file("/sq/f", &data).await.expect("write");
+    let mut f = c
+        .open("/sq/f", OpenOptions::read_write())
+        .await
+        .expect("open");
+    const READ: usize = 128 << 10;
+    let before = c.rpc_count();
+    let mut back = Vec::with_capacity(data.len());
+    while back.len() < data.len() {
+        let got = f
+            .read_at(back.len() as u64, READ as u64)
+            .await
+            .expect("read");
+        assert!(!got.is_empty(), "read at {} came back empty", back.len());
+        back.extend_from_slice(&got);
+    }
+    let rpcs = c.rpc_count() - before;
+    assert!(back == data, "read back in order as written");
+    let reads = data.len().div_ceil(READ);
+    assert!(
+        rpcs <= 4 + 2,
+        "{reads} reads of 4 chunks took {rpcs} requests"
+    );
+    // Out of order: backwards, by pieces that straddle chunks.
+    let mut at = data.len();
+    while at > 0 {
+        let from = at.saturating_sub(300_007);
+        let got = f
+            .read_at(from as u64, (at - from) as u64)
+            .await
+            .expect("read backwards");
+        assert!(got == data[from..at], "bytes {from}..{at}");
+        at = from;
+    }
+    // The File's own writes show over what it fetched ahead.
+    f.read_at(0, READ as u64).await.expect("read the start");
+    f.write_at(READ as u64, b"own bytes").await.expect("write");
+    let got = f.read_at(READ as u64, 9).await.expect("read own write");
+    assert_eq!(&got, b"own bytes");
+    f.flush().await.expect("commit");
+    let got = f
+        .read_at(READ as u64 - 3, 15)
+        .await
+        .expect("read after the commit");
+    let mut want = data[READ - 3..READ].to_vec();
+    want.extend_from_slice(b"own bytes");
+    want.extend_from_slice(&data[READ + 9..READ + 12]);
+    assert_eq!(got, want);
     fx.shutdown().await;
 }
 
