@@ -1,7 +1,8 @@
 //! Training-data patterns through a real FUSE mount: an ImageNet-style tree copied in with
 //! the usual tools and read back identically, and the checkpoint pattern (write `x.tmp`,
 //! rename it over `x`) seen by concurrent readers, in other processes, on another mount and
-//! through the library, as whole files only and never as an error.
+//! through the library, as whole files only and never as an error; and the read-ahead a
+//! checkpoint is read with.
 
 mod fuse_support;
 
@@ -125,6 +126,22 @@ const READER_READY_ENV: &str = "TALON_TEST_READ_READY";
 const READER_STOP_ENV: &str = "TALON_TEST_READ_UNTIL";
 
 /// Generation `gen` of the checkpoint: its number, then one byte value throughout.
+/// A checkpoint is read in requests of a megabyte: the mount gives its device the
+/// read-ahead it offers the kernel, whose own default (128 KiB) would cap every read.
+#[test]
+fn the_mount_reads_ahead_a_megabyte() {
+    use std::os::unix::fs::MetadataExt;
+    let m = Mounted::start();
+    let dev = fs::metadata(&m.root).expect("stat the mount").dev();
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    let kb = fs::read_to_string(&path).expect("read the device's read-ahead");
+    assert_eq!(kb.trim(), "1024", "{path}");
+}
+
 fn ckpt_body(gen: u64) -> Vec<u8> {
     let mut b = gen.to_le_bytes().to_vec();
     b.resize(CKPT_SIZE, (gen % 251) as u8);

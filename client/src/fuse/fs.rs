@@ -66,6 +66,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use talon_model::{Attr, Class, Errno, FileKind, Ino, TalonError};
 
+/// The read-ahead offered to the kernel at INIT, and given to the mount's device (see
+/// `widen_readahead`): a sequential reader's reads are this large.
+pub const MAX_READAHEAD: u32 = 1 << 20;
+
 /// Entries fetched per ReadDir RPC for a listing; the kernel takes them a buffer at a time.
 const READDIR_PAGE: u32 = 512;
 
@@ -647,7 +651,7 @@ impl Filesystem for TalonFs {
         }
         // Big requests: a 110 KB image is one read and one write.
         let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_readahead(MAX_READAHEAD);
         let _ = config.set_max_background(256);
         let _ = config.set_congestion_threshold(192);
         Ok(())
