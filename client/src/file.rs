@@ -186,8 +186,26 @@ struct Chunks {
     /// The rest of a chunk fetched for a reader going through the file in order, to
     /// answer its next reads (see [`Ahead`]).
     ahead: Option<Ahead>,
+    /// The chunk after `ahead`, being fetched while the reader reads `ahead`.
+    next: Option<Prefetch>,
     /// Where the last positional read ended: a read that starts there is sequential.
     read_end: u64,
+}
+
+/// A whole chunk fetched in the background for a sequential reader, which becomes its
+/// [`Ahead`] when the reader gets there: the node reads it (from its disk, when the page
+/// cache does not hold it) while the reader still reads the chunk before. Stopped when
+/// dropped.
+struct Prefetch {
+    index: u32,
+    write_id: u64,
+    task: tokio::task::JoinHandle<Result<Vec<u8>, TalonError>>,
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Bytes of a stored chunk from `from` to its end, fetched in one request when a read
@@ -261,6 +279,7 @@ impl Core {
                 storing: HashMap::new(),
                 uploads: JoinSet::new(),
                 ahead: None,
+                next: None,
                 read_end: 0,
             }),
         };
@@ -305,6 +324,30 @@ impl Core {
         let mut out = vec![0u8; (end - offset) as usize];
         let sequential = offset == c.read_end;
         c.read_end = end;
+        let (first, last) = (
+            (offset / c.chunk_size) as u32,
+            ((end - 1) / c.chunk_size) as u32,
+        );
+        if !sequential || c.next.as_ref().is_some_and(|p| p.index < first) {
+            c.next = None;
+        }
+        let fetched = c.next.take_if(|p| {
+            p.index <= last
+                && c.refs
+                    .get(p.index as usize)
+                    .is_some_and(|r| r.write_id == p.write_id)
+        });
+        if let Some(mut p) = fetched {
+            // A failed prefetch is only a miss: the read below asks again.
+            if let Ok(Ok(data)) = (&mut p.task).await {
+                c.ahead = Some(Ahead {
+                    index: p.index,
+                    write_id: p.write_id,
+                    from: 0,
+                    data,
+                });
+            }
+        }
         // Chunks held in memory are copied; the rest are fetched in one parallel read each
         // run of committed chunks.
         let mut fetch: Vec<(u32, u64, u64, u64)> = Vec::new();
@@ -374,6 +417,9 @@ impl Core {
                 });
             }
         }
+        if sequential {
+            c.prefetch_after(&self.client, self.ino, last);
+        }
         Ok(out)
     }
 
@@ -394,6 +440,7 @@ impl Core {
                 storing: HashMap::new(),
                 uploads: JoinSet::new(),
                 ahead: None,
+                next: None,
                 read_end: 0,
             });
         }
@@ -593,6 +640,30 @@ fn copy_from(dst: &mut [u8], src: &[u8], from: u64, valid: u64) {
 }
 
 impl Chunks {
+    /// Starts fetching the chunk after `index` for a sequential reader that holds `index`
+    /// ahead, unless it is under way, a hole, or held here.
+    fn prefetch_after(&mut self, client: &Client, ino: Ino, index: u32) {
+        let holds = self.ahead.as_ref().is_some_and(|a| a.index == index);
+        let i = index + 1;
+        if !holds || self.next.is_some() || self.dirty.contains_key(&i) {
+            return;
+        }
+        let Some(r) = self.refs.get(i as usize).copied() else {
+            return;
+        };
+        if r.is_hole() || self.storing.contains_key(&i) {
+            return;
+        }
+        let client = client.clone();
+        let task =
+            tokio::spawn(async move { client.rpc_get_chunk(ino, r.write_id, i, 0, r.len).await });
+        self.next = Some(Prefetch {
+            index: i,
+            write_id: r.write_id,
+            task,
+        });
+    }
+
     /// The dirty buffer of chunk `index`, reading the chunk first if the File does not hold
     /// it yet.
     async fn dirty_chunk(
