@@ -378,7 +378,7 @@ impl Core {
             let client = self.client.clone();
             let mut runs = futures::stream::FuturesUnordered::new();
             let sem = Arc::new(tokio::sync::Semaphore::new(crate::data::READ_CONCURRENCY));
-            let last = fetch.len() - 1;
+            let final_piece = fetch.len() - 1;
             for (k, (index, in_chunk, n, at)) in fetch.into_iter().enumerate() {
                 let r = c.refs[index as usize];
                 let mut valid = (r.len as u64).saturating_sub(in_chunk).min(n);
@@ -386,7 +386,7 @@ impl Core {
                     continue;
                 }
                 // A sequential reader's last chunk is fetched to its end, for its next reads.
-                let ahead = sequential && k == last && valid < (r.len as u64) - in_chunk;
+                let ahead = sequential && k == final_piece && valid < (r.len as u64) - in_chunk;
                 if ahead {
                     valid = r.len as u64 - in_chunk;
                 }
