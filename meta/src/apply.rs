@@ -20,7 +20,8 @@
 use crate::keys::{self, meta};
 use crate::kv::{Kv, Overlay};
 use crate::records::{
-    dec, enc, BodyRec, BodyView, ChunkView, Dentry, Fatal, InodeRec, PreparedRec, RequestRec,
+    dec, enc, BodyRec, BodyView, ChunkTime, ChunkView, Dentry, Fatal, InodeRec, PreparedRec,
+    RequestRec,
 };
 use crate::types::{
     ApplyError, AttrChange, Command, CommandResult, Expect, Op, Outcome, Target, TxId,
@@ -669,16 +670,33 @@ impl Applier {
                     data,
                     at_ms,
                 } => {
-                    let chunk = ChunkView {
-                        crc: crc32c::crc32c(data),
+                    // In blocks, each with its own checksum, so a read of a range reads and
+                    // checks only its blocks; an empty chunk is one empty block.
+                    let mut blocks = 0u32;
+                    for part in data.chunks(keys::CHUNK_BLOCK) {
+                        let block = ChunkView {
+                            crc: crc32c::crc32c(part),
+                            at_ms: *at_ms,
+                            data: part,
+                        };
+                        let k = keys::chunk_block(*ino, *write_id, *index, blocks);
+                        v.put(k, enc(&block));
+                        blocks += 1;
+                    }
+                    if blocks == 0 {
+                        let empty = ChunkView {
+                            crc: crc32c::crc32c(&[]),
+                            at_ms: *at_ms,
+                            data: &[],
+                        };
+                        v.put(keys::chunk_block(*ino, *write_id, *index, 0), enc(&empty));
+                        blocks = 1;
+                    }
+                    let time = ChunkTime {
                         at_ms: *at_ms,
-                        data,
+                        blocks,
                     };
-                    v.put(keys::chunk(*ino, *write_id, *index), enc(&chunk));
-                    v.put(
-                        keys::chunk_time(*ino, *write_id, *index),
-                        at_ms.to_le_bytes().to_vec(),
-                    );
+                    v.put(keys::chunk_time(*ino, *write_id, *index), time.to_bytes());
                 }
                 Op::CommitLayout {
                     ino,
@@ -708,8 +726,19 @@ impl Applier {
                 }
                 Op::DropChunks(chunks) => {
                     for (ino, w, i) in chunks {
-                        v.del(keys::chunk(*ino, *w, *i));
-                        v.del(keys::chunk_time(*ino, *w, *i));
+                        let time = keys::chunk_time(*ino, *w, *i);
+                        let blocks = match v.get(&time)? {
+                            Some(b) => ChunkTime::from_bytes(&b)?.blocks,
+                            None => 0,
+                        };
+                        // Format 2 stored the chunk whole.
+                        if blocks == 0 {
+                            v.del(keys::chunk(*ino, *w, *i));
+                        }
+                        for b in 0..blocks {
+                            v.del(keys::chunk_block(*ino, *w, *i, b));
+                        }
+                        v.del(time);
                     }
                 }
                 Op::ReclaimUnlinked(inos) => {
@@ -1256,7 +1285,90 @@ mod tests {
         }
     }
 
-    /// What a case's op list must come to.
+    /// A chunk is stored in blocks, each with a checksum of its own: any range reads back as
+    /// written, a range past the end reads short, a flipped byte fails only the ranges over
+    /// its block, a chunk stored whole (format 2) reads as before, and a drop takes every
+    /// block of either.
+    #[test]
+    fn chunks_are_stored_and_read_in_blocks() {
+        use crate::data::{read_chunk_range, ChunkRead};
+        const B: usize = keys::CHUNK_BLOCK;
+        let mut fx = Fixture::new();
+        let f = fx.f;
+        let data: Vec<u8> = (0..2 * B + 1000).map(|i| (i * 7 % 251) as u8).collect();
+        let put = fx.run(vec![Op::PutChunk {
+            ino: f,
+            write_id: 9,
+            index: 0,
+            data: Bytes::from(data.clone()),
+            at_ms: 5,
+        }]);
+        assert!(matches!(put, CommandResult::Applied(_)), "{put:?}");
+        // Format 2's whole chunk, as an older release stored it.
+        let whole = ChunkView {
+            crc: crc32c::crc32c(&data),
+            at_ms: 5,
+            data: &data,
+        };
+        fx.staged.insert(keys::chunk(f, 11, 0), Some(enc(&whole)));
+        let time = keys::chunk_time(f, 11, 0);
+        fx.staged.insert(time, Some(5u64.to_le_bytes().to_vec()));
+        fx.db.write(std::mem::take(&mut fx.staged));
+        let read = |fx: &Fixture, w: u64, offset: usize, length: usize| {
+            let (offset, length) = (offset as u32, length as u32);
+            read_chunk_range(&fx.view(), (f, w, 0), offset, length).expect("read")
+        };
+        let bytes = |r: std::ops::Range<usize>| ChunkRead::Bytes(data[r].to_vec());
+        let len = data.len();
+        for w in [9, 11] {
+            for (offset, length) in [(0, len), (0, 1), (B - 10, 20), (B, B), (1, 2 * B + 10)] {
+                let end = (offset + length).min(len);
+                assert_eq!(
+                    read(&fx, w, offset, length),
+                    bytes(offset..end),
+                    "{w} {offset}"
+                );
+            }
+            assert_eq!(read(&fx, w, len - 100, 500), bytes(len - 100..len));
+            assert_eq!(read(&fx, w, len + 5, 10), ChunkRead::Bytes(Vec::new()));
+            assert_eq!(read(&fx, w, 3 * B, 10), ChunkRead::Bytes(Vec::new()));
+            assert_eq!(read(&fx, w, 0, 0), ChunkRead::Bytes(Vec::new()));
+        }
+        assert_eq!(read(&fx, 10, 0, 10), ChunkRead::Missing);
+        assert_eq!(read(&fx, 10, 3 * B, 10), ChunkRead::Missing);
+        let chunk_keys = |fx: &Fixture| {
+            let view = fx.view();
+            let mut n = view.keys_with_prefix(&[keys::tag::CHUNK]).expect("scan");
+            n.extend(
+                view.keys_with_prefix(&[keys::tag::CHUNK_TIME])
+                    .expect("scan"),
+            );
+            n
+        };
+        assert_eq!(
+            chunk_keys(&fx).len(),
+            3 + 1 + 2,
+            "three blocks, one whole, two times"
+        );
+        // A flipped byte in block 1.
+        let k = keys::chunk_block(f, 9, 0, 1);
+        let mut stored = fx.view().get(&k).expect("get").expect("block 1");
+        let at = stored.len() - 100;
+        stored[at] ^= 0x40;
+        fx.db.write([(k, Some(stored))].into_iter().collect());
+        assert_eq!(read(&fx, 9, 0, len), ChunkRead::Mismatch);
+        assert_eq!(read(&fx, 9, B - 1, 2), ChunkRead::Mismatch);
+        assert_eq!(read(&fx, 9, 0, B), bytes(0..B));
+        assert_eq!(read(&fx, 9, 2 * B, 1000), bytes(2 * B..len));
+        let drop = fx.run(vec![Op::DropChunks(vec![(f, 9, 0), (f, 11, 0)])]);
+        assert!(matches!(drop, CommandResult::Applied(_)), "{drop:?}");
+        fx.db.write(std::mem::take(&mut fx.staged));
+        assert_eq!(chunk_keys(&fx), Vec::<Vec<u8>>::new());
+        assert_eq!(read(&fx, 9, 0, 10), ChunkRead::Missing);
+        assert_eq!(read(&fx, 11, 0, 10), ChunkRead::Missing);
+    }
+
+    /// What a case's op list must come to.    /// What a case's op list must come to.
     #[derive(Debug, PartialEq)]
     enum Want {
         Applied,

@@ -15,8 +15,16 @@ use rocksdb::{IteratorMode, DB};
 use serde::{Deserialize, Serialize};
 
 /// The format this build writes and reads. Version 1 was the unversioned bincode encoding
-/// of earlier releases; bump this whenever a stored or sent shape changes.
-pub const FORMAT: u32 = 2;
+/// of earlier releases; version 2 stored each chunk of a large file whole under one key,
+/// version 3 in blocks (`keys::CHUNK_BLOCK`). Bump this whenever a stored or sent shape
+/// changes.
+pub const FORMAT: u32 = 3;
+
+/// Older versions whose stores this build reads as they are: such a store is stamped with
+/// [`FORMAT`] when this build opens it (so the older release refuses it from then on, rather
+/// than misread what this one adds), and its records are read in their own shapes. A
+/// version 2 store differs only in its chunks, which this build reads whole as before.
+pub const UPGRADES_FROM: &[u32] = &[2];
 
 /// The key under which every store records its format version (a big-endian `u32`). No
 /// record shares it: a partition's keys begin with a letter, and the log's with a group
@@ -109,12 +117,19 @@ pub enum StoreFormatError {
 
 /// Confirms that `db` (named `what` in errors) is in format `expected`: a new, empty store is
 /// stamped with it; a store holding data but no version is version 1 (written before
-/// versions were recorded); anything else must match. Stores open through this with
-/// [`FORMAT`].
+/// versions were recorded); a store in a version of [`UPGRADES_FROM`] is stamped with
+/// [`FORMAT`] when that is `expected`; anything else must match. Stores open through this
+/// with [`FORMAT`].
 pub fn check_store(db: &DB, what: &str, expected: u32) -> Result<(), StoreFormatError> {
     let rocks = |source| StoreFormatError::Rocks {
         what: what.to_string(),
         source,
+    };
+    let stamp = |version: u32| {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        db.put_opt(FORMAT_KEY, version.to_be_bytes(), &wo)
+            .map_err(rocks)
     };
     let found = match db.get(FORMAT_KEY).map_err(rocks)? {
         Some(b) => {
@@ -135,14 +150,16 @@ pub fn check_store(db: &DB, what: &str, expected: u32) -> Result<(), StoreFormat
             if !empty {
                 1
             } else {
-                let mut wo = rocksdb::WriteOptions::default();
-                wo.set_sync(true);
-                db.put_opt(FORMAT_KEY, expected.to_be_bytes(), &wo)
-                    .map_err(rocks)?;
+                stamp(expected)?;
                 expected
             }
         }
     };
+    if found != expected && expected == FORMAT && UPGRADES_FROM.contains(&found) {
+        stamp(expected)?;
+        tracing::info!("{what}: format {found} read as it is, stamped format {expected}");
+        return Ok(());
+    }
     if found != expected {
         return Err(FormatMismatch::new(what, found, expected).into());
     }
@@ -188,6 +205,25 @@ mod tests {
         assert!(text.contains("format 1"), "{text}");
         assert!(text.contains(&format!("format {FORMAT}")), "{text}");
         assert!(text.contains("older release"), "{text}");
+    }
+
+    /// A store of a version this build reads is stamped with this build's on the way in,
+    /// so the release that wrote it refuses it from then on.
+    #[test]
+    fn a_store_of_an_upgradable_version_is_stamped_and_accepted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = DB::open_default(dir.path()).expect("open");
+        for &old in UPGRADES_FROM {
+            db.put(FORMAT_KEY, old.to_be_bytes())
+                .expect("stamp as the old release");
+            check_store(&db, "old store", FORMAT).expect("read as it is");
+            assert_eq!(
+                db.get(FORMAT_KEY).expect("get"),
+                Some(FORMAT.to_be_bytes().to_vec())
+            );
+            let e = check_store(&db, "old store", old).expect_err("the old release refuses it");
+            assert!(e.to_string().contains("newer release"), "{e}");
+        }
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! | `P` | coordinator ‖ id     | `Prepared` record of a transaction       |
 //! | `C` | coordinator ‖ id     | decision of a coordinated transaction    |
 //! | `B` | ino                  | `BodyRec`: a small file's whole body    |
-//! | `K` | ino ‖ write id ‖ idx | `ChunkRec`: one chunk of a large file    |
-//! | `W` | ino ‖ write id ‖ idx | when the chunk was written (u64 ms)      |
+//! | `K` | ino ‖ write id ‖ idx ‖ block | `ChunkView`: one block of a chunk of a large file ([`CHUNK_BLOCK`] bytes, the last one fewer) |
+//! | `K` | ino ‖ write id ‖ idx | `ChunkView`: a whole chunk, as format 2 stored it |
+//! | `W` | ino ‖ write id ‖ idx | `ChunkTime`: when the chunk was written (u64 ms), its blocks |
 //! | `U` | ino                  | when the file lost its last name (u64 ms)|
 //! | `R` | request id           | `RequestRec`: a rename, remove or link applied (ms, ino) |
 //! | `H` | ino ‖ session        | an open session held until then (u64 ms) |
@@ -122,6 +123,30 @@ pub fn chunk(ino: Ino, write_id: u64, index: u32) -> Vec<u8> {
     k.extend_from_slice(&write_id.to_be_bytes());
     k.extend_from_slice(&index.to_be_bytes());
     k
+}
+
+/// Bytes of a chunk stored under one key (its last block may hold fewer): a read of a
+/// range reads and checks only the blocks the range covers. Format 2 stored a chunk whole
+/// (up to 8 MiB) under [`chunk`]'s key, and a random 4 KiB read of a large file cost its
+/// node the whole chunk from the disk and its checksum. Part of the stored format.
+pub const CHUNK_BLOCK: usize = 64 << 10;
+
+/// Key of block `block` of chunk `index` written by `write_id` for `ino`: the chunk's
+/// bytes `[block * CHUNK_BLOCK, (block + 1) * CHUNK_BLOCK)`.
+pub fn chunk_block(ino: Ino, write_id: u64, index: u32, block: u32) -> Vec<u8> {
+    let mut k = chunk(ino, write_id, index);
+    k.extend_from_slice(&block.to_be_bytes());
+    k
+}
+
+/// True for the key a chunk is counted by: its first block, or a format 2 chunk's whole.
+pub fn is_chunk_head(key: &[u8]) -> bool {
+    key.first() == Some(&tag::CHUNK)
+        && match key.len() {
+            21 => true,
+            25 => key[21..] == [0; 4],
+            _ => false,
+        }
 }
 
 /// Key of a chunk's write-time record.
@@ -366,6 +391,11 @@ mod tests {
                 prop_assert_eq!(chunk_of(&ka), Some((Ino(a.0), a.1, a.2)));
                 prop_assert_eq!(chunk_of(&chunk_time(Ino(a.0), a.1, a.2)), Some((Ino(a.0), a.1, a.2)));
                 prop_assert_eq!(ka.cmp(&chunk(Ino(b.0), b.1, b.2)), a.cmp(&b));
+                let head = chunk_block(Ino(a.0), a.1, a.2, 0);
+                prop_assert_eq!(chunk_of(&head), Some((Ino(a.0), a.1, a.2)));
+                prop_assert!(is_chunk_head(&head) && is_chunk_head(&ka));
+                prop_assert!(!is_chunk_head(&chunk_block(Ino(a.0), a.1, a.2, 1)));
+                prop_assert!(!is_chunk_head(&chunk_time(Ino(a.0), a.1, a.2)));
             }
 
             /// Transaction and request keys decode to what made them.

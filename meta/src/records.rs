@@ -150,6 +150,43 @@ impl ChunkView<'_> {
     }
 }
 
+/// A chunk's write-time record (`keys::chunk_time`): when it was written (leader wall
+/// clock, ms), then how many blocks hold it (`keys::chunk_block`), both little-endian, so
+/// the collector reads the time as it does other timed records. A format 2 record holds
+/// the time alone: that chunk is stored whole under `keys::chunk`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkTime {
+    /// When the chunk was written (ms).
+    pub at_ms: u64,
+    /// Its blocks; 0 for a chunk stored whole.
+    pub blocks: u32,
+}
+
+impl ChunkTime {
+    /// The stored form.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(12);
+        b.extend_from_slice(&self.at_ms.to_le_bytes());
+        b.extend_from_slice(&self.blocks.to_le_bytes());
+        b
+    }
+
+    /// Decodes the stored form, either version's.
+    pub fn from_bytes(b: &[u8]) -> Result<ChunkTime, Fatal> {
+        let bad = || Fatal::Corrupt(format!("chunk time record of {} bytes", b.len()));
+        let at: [u8; 8] = b.get(..8).and_then(|w| w.try_into().ok()).ok_or_else(bad)?;
+        let blocks = match b.get(8..) {
+            Some([]) => 0,
+            Some(w) => u32::from_le_bytes(w.try_into().map_err(|_| bad())?),
+            None => return Err(bad()),
+        };
+        Ok(ChunkTime {
+            at_ms: u64::from_le_bytes(at),
+            blocks,
+        })
+    }
+}
+
 /// A prepared transaction's record on a participant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedRec {
@@ -256,6 +293,21 @@ mod tests {
             data: &data,
         };
         assert_eq!(enc(&view), enc(&chunk));
+    }
+
+    /// A chunk's time record reads back in this format and in format 2's (the time alone).
+    #[test]
+    fn chunk_times_read_in_either_format() {
+        let t = ChunkTime {
+            at_ms: 1_700_000_000_123,
+            blocks: 64,
+        };
+        assert_eq!(ChunkTime::from_bytes(&t.to_bytes()).expect("decodes"), t);
+        let old = ChunkTime::from_bytes(&t.at_ms.to_le_bytes()).expect("format 2");
+        assert_eq!((old.at_ms, old.blocks), (t.at_ms, 0));
+        for bad in [&[1u8; 7][..], &[1u8; 11][..], &[1u8; 13][..]] {
+            assert!(ChunkTime::from_bytes(bad).is_err(), "{} bytes", bad.len());
+        }
     }
 
     /// Moving `Layout` into the model kept the stored bytes: inode records and

@@ -703,7 +703,7 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         for (k, v) in overlay.iter() {
             match (k.first(), v) {
                 (Some(&keys::tag::BODY), None) => bodies += 1,
-                (Some(&keys::tag::CHUNK), None) => chunks += 1,
+                (Some(&keys::tag::CHUNK), None) if keys::is_chunk_head(k) => chunks += 1,
                 _ => {}
             }
         }
@@ -1254,6 +1254,55 @@ mod tests {
         assert!(store.snapshot_file().exists());
         assert!(!pending_snapshot_file(dir.path(), "db-0").exists());
         assert!(!pending_snapshot_file(dir.path(), "db-99").exists());
+    }
+
+    /// A store written by the release before (format 2) opens in this build, which stamps
+    /// it with its own format, and its chunks, stored whole, read as they were.
+    #[test]
+    fn a_format_2_store_opens_and_its_whole_chunks_read() {
+        use crate::data::{read_chunk_range, ChunkRead};
+        use crate::format::{FORMAT, FORMAT_KEY};
+        use crate::records::{enc, ChunkView};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let open = |format| {
+            SmStore::open_in_format(
+                dir.path(),
+                0,
+                b"map",
+                crate::tuning::Tuning::default(),
+                format,
+            )
+        };
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+        let chunk = (Ino(7), 1, 0);
+        {
+            let store = open(2).expect("a format 2 store");
+            let whole = ChunkView {
+                crc: crc32c::crc32c(&data),
+                at_ms: 5,
+                data: &data,
+            };
+            let db = store.db();
+            db.put(keys::chunk(chunk.0, chunk.1, chunk.2), enc(&whole))
+                .expect("put");
+            db.put(
+                keys::chunk_time(chunk.0, chunk.1, chunk.2),
+                5u64.to_le_bytes(),
+            )
+            .expect("put");
+        }
+        let store = open(FORMAT).expect("this build opens it");
+        assert_eq!(
+            store.db().get(FORMAT_KEY).expect("get"),
+            Some(FORMAT.to_be_bytes().to_vec())
+        );
+        let got = store
+            .read(|v| read_chunk_range(v, chunk, 70_000, 100_000))
+            .expect("read");
+        assert_eq!(got, ChunkRead::Bytes(data[70_000..170_000].to_vec()));
+        drop(store);
+        let e = open(2).expect_err("the release before refuses it now");
+        assert!(e.to_string().contains("newer release"), "{e}");
     }
 
     /// A store is refused, with both versions named, by a build of another format version:

@@ -143,6 +143,18 @@ impl Fx {
         write_id: u64,
         index: u32,
     ) -> Result<Vec<u8>, TalonError> {
+        self.get_chunk_at(ino, write_id, index, 0, CHUNK).await
+    }
+
+    /// Reads `length` bytes at `offset` of a chunk.
+    async fn get_chunk_at(
+        &mut self,
+        ino: Ino,
+        write_id: u64,
+        index: u32,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<u8>, TalonError> {
         let p = chunk_partition(ino, index, P);
         let r = self
             .c
@@ -151,8 +163,8 @@ impl Fx {
                 ino: ino.0,
                 write_id,
                 index,
-                offset: 0,
-                length: CHUNK,
+                offset,
+                length,
             })
             .await?;
         Ok(r.into_inner().data)
@@ -483,6 +495,51 @@ async fn a_flipped_byte_is_an_io_error_never_bad_data() {
         .await
         .expect_err("corrupt chunk must not read");
     assert_eq!(e.errno(), Errno::EIO, "{e}");
+    fx.cluster.shutdown().await;
+}
+
+/// A chunk is stored in blocks with checksums of their own: a flipped byte on disk fails
+/// the reads of its block (EIO), and only those; ranges over other blocks, in one piece or
+/// several, read as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_fails_only_the_reads_of_its_block() {
+    const BLOCK: u32 = talon_meta::keys::CHUNK_BLOCK as u32;
+    let mut fx = fixture_tuned(|b| b.file_sizes(SMALL, 32 * BLOCK)).await;
+    let node = fx.cluster.node(1).expect("node").node.clone();
+    let big = fx.file("shard").await;
+    let len = 31 * BLOCK + 500;
+    let chunk = bytes(len as usize, 11);
+    fx.put_chunk(big, 5, 0, chunk.clone()).await.expect("chunk");
+    for part in node.partitions.values() {
+        part.store.db().flush().expect("flush memtables");
+    }
+    let at = (20 * BLOCK + 4000) as usize;
+    assert!(
+        flip_on_disk(
+            &node
+                .config
+                .data_dir
+                .join("sm")
+                .join(chunk_partition(big, 0, P).to_string()),
+            &chunk[at..at + 64]
+        ),
+        "chunk not found on disk"
+    );
+    for (offset, length) in [(0, 20 * BLOCK), (21 * BLOCK, 11 * BLOCK), (BLOCK - 3, 7)] {
+        let got = fx
+            .get_chunk_at(big, 5, 0, offset, length)
+            .await
+            .expect("read");
+        let end = (offset + length).min(len) as usize;
+        assert!(got == chunk[offset as usize..end], "{offset}+{length}");
+    }
+    for (offset, length) in [(0, len), (20 * BLOCK + 4000, 1), (19 * BLOCK, 2 * BLOCK)] {
+        let e = fx
+            .get_chunk_at(big, 5, 0, offset, length)
+            .await
+            .expect_err("a corrupt block must not read");
+        assert_eq!(e.errno(), Errno::EIO, "{offset}+{length}: {e}");
+    }
     fx.cluster.shutdown().await;
 }
 
