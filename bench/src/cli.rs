@@ -3,6 +3,7 @@
 
 use crate::imagenet::{self, ImagenetArgs};
 use crate::mdtest::{self, MdtestArgs};
+use crate::records::{self, RecordsArgs};
 use crate::traverse::{self, TraverseArgs};
 use anyhow::Context;
 use serde::Serialize;
@@ -27,6 +28,9 @@ pub enum Command {
     Imagenet(ImagenetArgs),
     /// Build a deep tree and open and read its leaf files in random order.
     Traverse(TraverseArgs),
+    /// Write a few large shards, then read small records at random offsets of them, as a
+    /// language model's data loader reads a tokenized dataset.
+    Records(RecordsArgs),
 }
 
 /// Runs the workload the command line names; fails if any operation failed.
@@ -44,6 +48,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Traverse(args) => {
             let report = traverse::run(&args)?;
+            emit(&report, &report.table(), args.json.as_deref())?;
+            anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
+        }
+        Command::Records(args) => {
+            let report = records::run(&args)?;
             emit(&report, &report.table(), args.json.as_deref())?;
             anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
         }

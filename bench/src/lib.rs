@@ -4,7 +4,9 @@
 //! - [`imagenet`]: a class-per-directory tree of JPEG-sized files read in shuffled epochs
 //!   by K workers, and a loader mode where each worker is an accelerator that needs a
 //!   batch every T ms;
-//! - [`traverse`]: a deep tree whose leaf files are opened and read in random order.
+//! - [`traverse`]: a deep tree whose leaf files are opened and read in random order;
+//! - [`records`]: small records read at random offsets of a few large shards, as a
+//!   language model's data loader reads a tokenized dataset.
 //!
 //! Every workload runs over a [`target`]: any mounted path (`posix:PATH`: Talon's FUSE
 //! mount, tmpfs, ext4, another FUSE file system) or a Talon cluster through the embedded
@@ -16,6 +18,7 @@ pub mod cli;
 pub mod epoch;
 pub mod imagenet;
 pub mod mdtest;
+pub mod records;
 pub mod stats;
 pub mod target;
 pub mod tasks;

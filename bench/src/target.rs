@@ -92,6 +92,11 @@ pub trait Fs: Send + Sync {
     /// Reads a whole file into the front of `buf`; returns its length. `buf` is scratch
     /// space a worker reuses: its length may exceed the file's.
     fn read_whole(&self, path: &str, buf: &mut Vec<u8>) -> io::Result<usize>;
+    /// Writes a new file of `len` bytes at `path` (replacing what was there) in pieces of
+    /// at most [`WRITE_PIECE`] bytes, each filled by `fill(offset, piece)`, and closes it.
+    fn write_file(&self, path: &str, len: u64, fill: &dyn Fn(u64, &mut [u8])) -> io::Result<()>;
+    /// Opens a file to read at any offset until the reader is dropped.
+    fn open_reader(&self, path: &str) -> io::Result<Box<dyn ReadAt>>;
     /// Removes a file.
     fn unlink(&self, path: &str) -> io::Result<()>;
     /// Renames `from` to `to`, replacing `to` as `rename(2)` does.
@@ -124,6 +129,23 @@ pub trait Fs: Send + Sync {
     fn bulk_import(&self, _src: &Path, _dst: &str) -> Option<io::Result<Imported>> {
         None
     }
+}
+
+/// An open file read at offsets ([`Fs::open_reader`]).
+pub trait ReadAt: Send {
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns how many (fewer only at
+    /// the end of the file).
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// Most bytes [`Fs::write_file`] writes in one call.
+pub const WRITE_PIECE: usize = 1 << 20;
+
+/// The pieces of a file of `len` bytes [`Fs::write_file`] writes: (offset, length).
+fn pieces(len: u64) -> impl Iterator<Item = (u64, usize)> {
+    (0..len)
+        .step_by(WRITE_PIECE)
+        .map(move |at| (at, (len - at).min(WRITE_PIECE as u64) as usize))
 }
 
 /// What a bulk import did.
@@ -194,6 +216,23 @@ impl PosixFs {
     }
 }
 
+/// A file of a mounted file system read with `pread`.
+struct PosixReader(OwnedFd);
+
+impl ReadAt for PosixReader {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = rustix::io::pread(&self.0, &mut buf[got..], offset + got as u64)?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok(got)
+    }
+}
+
 impl Fs for PosixFs {
     fn mkdir(&self, path: &str) -> io::Result<()> {
         Ok(rustix::fs::mkdir(
@@ -246,6 +285,34 @@ impl Fs for PosixFs {
         use rustix::fs::{Mode, OFlags};
         let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
         Self::read_to(&fd, buf, usize::MAX)
+    }
+
+    fn write_file(&self, path: &str, len: u64, fill: &dyn Fn(u64, &mut [u8])) -> io::Result<()> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )?;
+        let mut buf = vec![0u8; WRITE_PIECE];
+        for (at, n) in pieces(len) {
+            fill(at, &mut buf[..n]);
+            let mut done = 0;
+            while done < n {
+                let w = rustix::io::pwrite(&fd, &buf[done..n], at + done as u64)?;
+                if w == 0 {
+                    return Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0"));
+                }
+                done += w;
+            }
+        }
+        Ok(())
+    }
+
+    fn open_reader(&self, path: &str) -> io::Result<Box<dyn ReadAt>> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(Box::new(PosixReader(fd)))
     }
 
     fn unlink(&self, path: &str) -> io::Result<()> {
@@ -408,6 +475,32 @@ impl Fs for TalonFs {
         Ok(buf.len())
     }
 
+    fn write_file(&self, path: &str, len: u64, fill: &dyn Fn(u64, &mut [u8])) -> io::Result<()> {
+        let c = self.client();
+        let opts = OpenOptions {
+            write: true,
+            create: true,
+            truncate: true,
+            ..OpenOptions::default()
+        };
+        let mut f = self.block(async move { c.open(path, opts).await })?;
+        let mut buf = vec![0u8; WRITE_PIECE];
+        for (at, n) in pieces(len) {
+            fill(at, &mut buf[..n]);
+            self.block(f.write_at(at, &buf[..n]))?;
+        }
+        self.block(f.close())
+    }
+
+    fn open_reader(&self, path: &str) -> io::Result<Box<dyn ReadAt>> {
+        let c = self.client();
+        let file = self.block(async move { c.open(path, OpenOptions::read_only()).await })?;
+        Ok(Box::new(TalonReader {
+            rt: self.rt.handle().clone(),
+            file: Some(file),
+        }))
+    }
+
     fn unlink(&self, path: &str) -> io::Result<()> {
         let c = self.client();
         self.block(async move { c.unlink(path).await })
@@ -452,9 +545,48 @@ impl Fs for TalonFs {
     }
 }
 
+/// A Talon file read at offsets through the library, closed when dropped.
+struct TalonReader {
+    rt: tokio::runtime::Handle,
+    file: Option<talon_client::File>,
+}
+
+impl ReadAt for TalonReader {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("the file was closed"))?;
+        let data = self
+            .rt
+            .block_on(file.read_at(offset, buf.len() as u64))
+            .map_err(io_err)?;
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        Ok(n)
+    }
+}
+
+impl Drop for TalonReader {
+    fn drop(&mut self) {
+        if let Some(f) = self.file.take() {
+            // A read-only file has nothing to commit; its close ends its open session.
+            let _ = self.rt.block_on(f.close());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_is_written_in_whole_pieces_and_a_short_tail() {
+        let p: Vec<(u64, usize)> = pieces(2 * WRITE_PIECE as u64 + 10).collect();
+        let w = WRITE_PIECE as u64;
+        assert_eq!(p, vec![(0, WRITE_PIECE), (w, WRITE_PIECE), (2 * w, 10)]);
+        assert_eq!(pieces(0).count(), 0);
+    }
 
     #[test]
     fn target_specs_parse_and_print_back() {

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use talon_bench::imagenet::{self, ImagenetArgs};
+use talon_bench::records::{self, RecordsArgs};
 use talon_bench::target::TargetSpec;
 use talon_bench::traverse::{self, TraverseArgs};
 use talon_client::{Client, ClientOptions};
@@ -130,6 +131,65 @@ fn traverse_reads_every_leaf_file_and_cleans_up() {
     assert!(!tmp.path().join("deep").exists());
 }
 
+/// The records workload writes its shards, reads and checks every record, and removes
+/// the shards; a shard whose bytes changed fails the records read from it.
+#[test]
+fn records_are_read_back_as_written_and_cleaned_up() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let args = RecordsArgs {
+        target: Some(TargetSpec::Posix(tmp.path().to_path_buf())),
+        dir: "shards".into(),
+        shards: 2,
+        shard_mib: 1,
+        record: 1000,
+        reads: 200,
+        workers: 3,
+        epochs: 2,
+        keep: true,
+        quiet: true,
+        ..RecordsArgs::default()
+    };
+    let report = records::run(&args).expect("run");
+    assert_eq!(report.errors, 0, "{:?}", report.epochs[0].first_error);
+    assert_eq!(report.epochs.len(), 2);
+    for e in &report.epochs {
+        assert_eq!((e.reads, e.latency.count), (600, 600));
+    }
+    let files = local_files(&tmp.path().join("shards"));
+    assert_eq!(
+        files,
+        vec![
+            ("shard_00000.bin".to_string(), 1 << 20),
+            ("shard_00001.bin".to_string(), 1 << 20)
+        ]
+    );
+    let none = RecordsArgs {
+        shards: 0,
+        ..RecordsArgs::default()
+    };
+    assert!(records::run(&none).is_err(), "no shards to read");
+    // Spoil a shard: the records read from it fail their check.
+    std::fs::write(
+        tmp.path().join("shards/shard_00001.bin"),
+        vec![7u8; 1 << 20],
+    )
+    .expect("spoil");
+    let spoiled = records::run(&RecordsArgs {
+        no_build: true,
+        keep: false,
+        epochs: 1,
+        ..args
+    })
+    .expect("run again");
+    assert!(spoiled.build.is_none());
+    let failed = spoiled.epochs[0].errors;
+    assert!(
+        (200..=400).contains(&failed),
+        "{failed} of 600 from the spoiled half"
+    );
+    assert!(!tmp.path().join("shards").exists());
+}
+
 #[test]
 fn read_workloads_through_the_library() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -185,6 +245,24 @@ fn read_workloads_through_the_library() {
     let build = imported.build.as_ref().expect("a build");
     assert_eq!((build.files, build.bytes), (40, report.bytes));
     assert_eq!(imported.epochs[0].bytes, report.bytes);
+
+    // Shards of several chunks, read at random offsets.
+    let report = records::run(&RecordsArgs {
+        target: target.clone(),
+        dir: "/shards".into(),
+        shards: 2,
+        shard_mib: 9,
+        record: 5000,
+        reads: 100,
+        workers: 2,
+        epochs: 1,
+        cold: true,
+        quiet: true,
+        ..RecordsArgs::default()
+    })
+    .expect("records");
+    assert_eq!(report.errors, 0, "{:?}", report.epochs[0].first_error);
+    assert_eq!(report.epochs[0].reads, 200);
 
     let report = traverse::run(&TraverseArgs {
         target,
