@@ -418,7 +418,7 @@ impl Core {
             }
         }
         if sequential {
-            c.prefetch_after(&self.client, self.ino, last);
+            c.prefetch_after(&self.client, self.ino, last, end);
         }
         Ok(out)
     }
@@ -641,11 +641,13 @@ fn copy_from(dst: &mut [u8], src: &[u8], from: u64, valid: u64) {
 
 impl Chunks {
     /// Starts fetching the chunk after `index` for a sequential reader that holds `index`
-    /// ahead, unless it is under way, a hole, or held here.
-    fn prefetch_after(&mut self, client: &Client, ino: Ino, index: u32) {
+    /// ahead or has just read to its end (a streaming reader asks for a chunk's rest at a
+    /// time), unless it is under way, a hole, or held here.
+    fn prefetch_after(&mut self, client: &Client, ino: Ino, index: u32, read_end: u64) {
         let holds = self.ahead.as_ref().is_some_and(|a| a.index == index);
+        let through = read_end == (u64::from(index) + 1) * self.chunk_size;
         let i = index + 1;
-        if !holds || self.next.is_some() || self.dirty.contains_key(&i) {
+        if !(holds || through) || self.next.is_some() || self.dirty.contains_key(&i) {
             return;
         }
         let Some(r) = self.refs.get(i as usize).copied() else {

@@ -172,6 +172,44 @@ async fn a_sequential_reader_asks_for_each_chunk_once() {
     fx.shutdown().await;
 }
 
+/// A streaming reader (`AsyncRead`, as `talon get` and `tokio::io::copy` read) has the
+/// next chunk fetched while it works through the one it read, and asks for each chunk once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_reader_has_the_next_chunk_fetched_ahead() {
+    let fx = Fixture::start(1).await;
+    let c = &fx.client;
+    c.mkdir("/st", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let cs = c.cluster_map().chunk_size as usize;
+    let data = pattern(78, 3 * cs + 4321);
+    c.write_file("/st/f", &data).await.expect("write");
+    let mut f = c
+        .open("/st/f", OpenOptions::read_only())
+        .await
+        .expect("open");
+    let before = c.rpc_count();
+    let mut first = vec![0u8; cs];
+    f.read_exact(&mut first)
+        .await
+        .expect("read the first chunk");
+    assert!(first == data[..cs], "the first chunk as written");
+    // No read asks for it, yet the second chunk is on its way. (Within 3 s: the File's
+    // open session, its only other request, starts a quarter of the unlinked grace, 7.5 s,
+    // after the open.)
+    let ahead = common::eventually(std::time::Duration::from_secs(3), || async {
+        c.rpc_count() - before >= 2
+    })
+    .await;
+    assert!(ahead, "the second chunk was not fetched ahead");
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).await.expect("read the rest");
+    assert!(rest == data[cs..], "the rest as written");
+    let rpcs = c.rpc_count() - before;
+    assert!(rpcs <= 4 + 1, "4 chunks streamed in {rpcs} requests");
+    fx.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sparse_files_read_zeros() {
     let fx = Fixture::start(1).await;
