@@ -39,6 +39,11 @@ use std::time::{Duration, Instant};
 use talon_model::placement::entry_partition;
 use talon_model::SYMLINK_XATTR;
 use talon_model::{check_name, Attr, Class, Errno, FileKind, Ino, TalonError};
+use tokio::sync::OwnedSemaphorePermit;
+
+/// The largest read-ahead budget a client keeps, in KiB (a tokio semaphore's limit is
+/// higher; 1 TiB is past any client's memory).
+const MAX_READ_AHEAD_KIB: u64 = 1 << 30;
 
 /// A connection to a Talon cluster. Cheap to clone; clones share the channels and cache.
 #[derive(Clone)]
@@ -56,6 +61,8 @@ pub(crate) struct Inner {
     /// How long after a write relaxed reads of that partition go to the leader.
     session_window: Duration,
     born: Instant,
+    /// What is left of `ClientOptions::read_ahead_bytes`, in KiB.
+    read_ahead: Arc<tokio::sync::Semaphore>,
 }
 
 /// The read kind for entries of a directory of class `class`.
@@ -96,6 +103,7 @@ impl Client {
         let cache = PathCache::new(map.epoch, ttl, opts.cache_capacity);
         let last_write = (0..map.partitions).map(|_| AtomicU64::new(0)).collect();
         let session_window = map.relaxed_staleness * 2;
+        let read_ahead_kib = (opts.read_ahead_bytes / 1024).min(MAX_READ_AHEAD_KIB) as usize;
         let inner = Inner {
             router,
             cache,
@@ -103,6 +111,7 @@ impl Client {
             last_write,
             session_window,
             born: Instant::now(),
+            read_ahead: Arc::new(tokio::sync::Semaphore::new(read_ahead_kib)),
         };
         Ok(Client {
             inner: Arc::new(inner),
@@ -115,6 +124,17 @@ impl Client {
 
     pub(crate) fn cache(&self) -> &PathCache {
         &self.inner.cache
+    }
+
+    /// Room for `bytes` of read-ahead (`ClientOptions::read_ahead_bytes`), held until the
+    /// permit is dropped; None if the budget is spent.
+    pub(crate) fn hold_read_ahead(&self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        let kib = u32::try_from(bytes.div_ceil(1024)).ok()?;
+        self.inner
+            .read_ahead
+            .clone()
+            .try_acquire_many_owned(kib)
+            .ok()
     }
 
     /// The options this client was made with.

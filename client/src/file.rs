@@ -65,6 +65,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use talon_model::{Attr, ChunkRef, Errno, FileKind, Ino, Layout, TalonError};
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
 /// Background chunk stores in flight for one File.
@@ -185,7 +186,7 @@ struct Chunks {
     uploads: JoinSet<Upload>,
     /// The rest of a chunk fetched for a reader going through the file in order, to
     /// answer its next reads (see [`Ahead`]).
-    ahead: Option<Ahead>,
+    ahead: Option<Box<Ahead>>,
     /// The chunk after `ahead`, being fetched while the reader reads `ahead`.
     next: Option<Prefetch>,
     /// Where the last positional read ended: a read that starts there is sequential.
@@ -200,6 +201,8 @@ struct Prefetch {
     index: u32,
     write_id: u64,
     task: tokio::task::JoinHandle<Result<Vec<u8>, TalonError>>,
+    /// Its room in the client's read-ahead budget, passed on to the [`Ahead`] it becomes.
+    held: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for Prefetch {
@@ -218,6 +221,8 @@ struct Ahead {
     write_id: u64,
     from: u64,
     data: Vec<u8>,
+    /// Its room in the client's read-ahead budget (`ClientOptions::read_ahead_bytes`).
+    _held: OwnedSemaphorePermit,
 }
 
 impl Ahead {
@@ -339,13 +344,14 @@ impl Core {
         });
         if let Some(mut p) = fetched {
             // A failed prefetch is only a miss: the read below asks again.
-            if let Ok(Ok(data)) = (&mut p.task).await {
-                c.ahead = Some(Ahead {
+            if let (Ok(Ok(data)), Some(held)) = ((&mut p.task).await, p.held.take()) {
+                c.ahead = Some(Box::new(Ahead {
                     index: p.index,
                     write_id: p.write_id,
                     from: 0,
                     data,
-                });
+                    _held: held,
+                }));
             }
         }
         // Chunks held in memory are copied; the rest are fetched in one parallel read each
@@ -385,10 +391,17 @@ impl Core {
                 if valid == 0 {
                     continue;
                 }
-                // A sequential reader's last chunk is fetched to its end, for its next reads.
-                let ahead = sequential && k == final_piece && valid < (r.len as u64) - in_chunk;
-                if ahead {
-                    valid = r.len as u64 - in_chunk;
+                // A sequential reader's last chunk is fetched to its end, for its next
+                // reads, while the client's read-ahead budget has room for it.
+                let rest = r.len as u64 - in_chunk;
+                let ahead = (sequential && k == final_piece && valid < rest)
+                    .then(|| {
+                        c.ahead = None;
+                        client.hold_read_ahead(rest)
+                    })
+                    .flatten();
+                if ahead.is_some() {
+                    valid = rest;
                 }
                 let (client, sem, ino) = (client.clone(), sem.clone(), self.ino);
                 runs.push(async move {
@@ -396,25 +409,26 @@ impl Core {
                     let data = client
                         .rpc_get_chunk(ino, r.write_id, index, in_chunk as u32, valid as u32)
                         .await?;
-                    let ahead = ahead.then_some((index, r.write_id, in_chunk, n));
+                    let ahead = ahead.map(|held| (index, r.write_id, in_chunk, n, held));
                     Ok::<_, TalonError>((at, data, ahead))
                 });
             }
             use futures::StreamExt;
             while let Some(r) = runs.next().await {
                 let (at, data, ahead) = r.map_err(|e| data_error(&self.what, e))?;
-                let Some((index, write_id, from, n)) = ahead else {
+                let Some((index, write_id, from, n, held)) = ahead else {
                     out[at as usize..at as usize + data.len()].copy_from_slice(&data);
                     continue;
                 };
                 let used = (n as usize).min(data.len());
                 out[at as usize..at as usize + used].copy_from_slice(&data[..used]);
-                c.ahead = Some(Ahead {
+                c.ahead = Some(Box::new(Ahead {
                     index,
                     write_id,
                     from,
                     data,
-                });
+                    _held: held,
+                }));
             }
         }
         if sequential {
@@ -656,6 +670,9 @@ impl Chunks {
         if r.is_hole() || self.storing.contains_key(&i) {
             return;
         }
+        let Some(held) = client.hold_read_ahead(u64::from(r.len)) else {
+            return;
+        };
         let client = client.clone();
         let task =
             tokio::spawn(async move { client.rpc_get_chunk(ino, r.write_id, i, 0, r.len).await });
@@ -663,6 +680,7 @@ impl Chunks {
             index: i,
             write_id: r.write_id,
             task,
+            held: Some(held),
         });
     }
 

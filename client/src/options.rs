@@ -28,6 +28,11 @@ pub struct ClientOptions {
     /// further lookups, getattrs, creates and removes wait to go together in one bundle
     /// ([`crate::bundle`]); 0 sends each on its own RPC.
     pub bundle_window: usize,
+    /// Bytes this client may hold for files read in order beyond what their readers asked
+    /// for: the rest of a chunk, fetched at a reader's first read of it, and the next chunk,
+    /// fetched while it reads one (up to two chunks per such file). A reader that finds it
+    /// spent is sent what it asks for and no more; 0 turns read-ahead off.
+    pub read_ahead_bytes: u64,
 }
 
 impl Default for ClientOptions {
@@ -42,6 +47,7 @@ impl Default for ClientOptions {
             cache_capacity: 1 << 20,
             batch_concurrency: 16,
             bundle_window: 2,
+            read_ahead_bytes: 256 << 20,
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{errno, Fixture};
 use futures::FutureExt;
-use talon_client::{Client, Errno, MkdirOptions, OpenOptions};
+use talon_client::{Client, ClientOptions, Errno, MkdirOptions, OpenOptions};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use talon_testkit::pattern;
@@ -207,6 +207,64 @@ async fn a_streaming_reader_has_the_next_chunk_fetched_ahead() {
     assert!(rest == data[cs..], "the rest as written");
     let rpcs = c.rpc_count() - before;
     assert!(rpcs <= 4 + 1, "4 chunks streamed in {rpcs} requests");
+    fx.shutdown().await;
+}
+
+/// What sequential readers hold beyond what they asked for stays within the client's
+/// read-ahead budget: a reader that finds it spent is sent what it asks for and no more,
+/// and gets its read-ahead again once another reader's File is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_readers_share_the_read_ahead_budget() {
+    let fx = Fixture::start(1).await;
+    let cs = fx.client.cluster_map().chunk_size as u64;
+    let opts = |read_ahead_bytes| ClientOptions {
+        read_ahead_bytes,
+        ..ClientOptions::default()
+    };
+    let addrs = fx.cluster.addrs();
+    let connect = |o| Client::connect(&addrs, o);
+    let data = pattern(79, 2 * cs as usize + 100);
+    fx.client.write_file("/budget", &data).await.expect("write");
+    const READ: u64 = 128 << 10;
+    async fn read(f: &mut talon_client::File, data: &[u8], at: u64) {
+        let got = f.read_at(at, READ).await.expect("read");
+        assert!(
+            got == data[at as usize..(at + READ) as usize],
+            "bytes at {at}"
+        );
+    }
+    // No budget: every read is a request of its own.
+    let c = connect(opts(0)).await.expect("connect");
+    let mut f = c
+        .open("/budget", OpenOptions::read_only())
+        .await
+        .expect("open");
+    let before = c.rpc_count();
+    for k in 0..8 {
+        read(&mut f, &data, k * READ).await;
+    }
+    assert_eq!(c.rpc_count() - before, 8, "8 reads without read-ahead");
+    // A budget of one chunk, which the first reader's rest of chunk 0 takes.
+    let c = connect(opts(cs)).await.expect("connect");
+    let mut a = c
+        .open("/budget", OpenOptions::read_only())
+        .await
+        .expect("open a");
+    let mut b = c
+        .open("/budget", OpenOptions::read_only())
+        .await
+        .expect("open b");
+    read(&mut a, &data, 0).await;
+    let before = c.rpc_count();
+    read(&mut b, &data, 0).await;
+    read(&mut b, &data, READ).await;
+    assert_eq!(c.rpc_count() - before, 2, "no room left for b's read-ahead");
+    a.close().await.expect("close a");
+    let before = c.rpc_count();
+    read(&mut b, &data, 2 * READ).await;
+    read(&mut b, &data, 3 * READ).await;
+    read(&mut b, &data, 4 * READ).await;
+    assert_eq!(c.rpc_count() - before, 1, "b reads ahead once a is closed");
     fx.shutdown().await;
 }
 
