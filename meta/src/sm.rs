@@ -1256,6 +1256,11 @@ mod tests {
         assert!(!pending_snapshot_file(dir.path(), "db-99").exists());
     }
 
+    /// Partition 0's store in `dir`, opened by a build of format version `format`.
+    fn open_as_format(dir: &Path, format: u32) -> Result<Arc<SmStore>, Fatal> {
+        SmStore::open_in_format(dir, 0, b"map", crate::tuning::Tuning::default(), format)
+    }
+
     /// A store written by the release before (format 2) opens in this build, which stamps
     /// it with its own format, and its chunks, stored whole, read as they were.
     #[test]
@@ -1264,15 +1269,7 @@ mod tests {
         use crate::format::{FORMAT, FORMAT_KEY};
         use crate::records::{enc, ChunkView};
         let dir = tempfile::tempdir().expect("temp dir");
-        let open = |format| {
-            SmStore::open_in_format(
-                dir.path(),
-                0,
-                b"map",
-                crate::tuning::Tuning::default(),
-                format,
-            )
-        };
+        let open = |format| open_as_format(dir.path(), format);
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
         let chunk = (Ino(7), 1, 0);
         {
@@ -1312,15 +1309,7 @@ mod tests {
     fn a_store_of_another_format_version_is_refused_naming_both() {
         use crate::format::{FORMAT, FORMAT_KEY};
         let dir = tempfile::tempdir().expect("temp dir");
-        let open = |format| {
-            SmStore::open_in_format(
-                dir.path(),
-                0,
-                b"map",
-                crate::tuning::Tuning::default(),
-                format,
-            )
-        };
+        let open = |format| open_as_format(dir.path(), format);
         drop(open(FORMAT).expect("create"));
         let e = open(FORMAT + 1).expect_err("a bumped build refuses it");
         let text = e.to_string();
