@@ -7,6 +7,10 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The largest chunk size a cluster may be configured with (`cluster.chunk_size`), so the
+/// largest chunk any node stores.
+pub const MAX_CHUNK_SIZE: u32 = 8 << 20;
+
 /// The configuration of one `talon-meta` node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -295,7 +299,7 @@ impl Config {
         if c.small_file_max == 0 || c.small_file_max > 4 << 20 {
             return Err(invalid("cluster.small_file_max", "must be 1..=4194304"));
         }
-        if c.chunk_size < 4096 || c.chunk_size > 8 << 20 {
+        if c.chunk_size < 4096 || c.chunk_size > MAX_CHUNK_SIZE {
             return Err(invalid("cluster.chunk_size", "must be 4096..=8388608"));
         }
         if c.unlinked_grace_ms > 24 * 3600 * 1000 {

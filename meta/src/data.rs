@@ -283,6 +283,8 @@ impl<'a> Files<'a> {
         }
         let part = self.node.local(p)?;
         self.ns().read_guard(part, relaxed, 0).await?;
+        // No chunk holds more: the request's length bounds no allocation beyond it.
+        let length = length.min(crate::config::MAX_CHUNK_SIZE);
         let chunk = (ino, write_id, index);
         let mut got = read_pieces(part, chunk, offset, length).await?;
         if matches!(got, ChunkRead::Missing) && relaxed {

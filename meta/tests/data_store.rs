@@ -525,6 +525,13 @@ async fn a_flipped_byte_fails_only_the_reads_of_its_block() {
         ),
         "chunk not found on disk"
     );
+    let whole = fx.get_chunk_at(big, 5, 0, 0, u32::MAX).await;
+    assert!(whole.is_err(), "the whole chunk covers the corrupt block");
+    let tail = fx.get_chunk_at(big, 5, 0, 21 * BLOCK, u32::MAX).await;
+    assert!(
+        tail.expect("the rest") == chunk[21 * BLOCK as usize..],
+        "a length past any chunk"
+    );
     for (offset, length) in [(0, 20 * BLOCK), (21 * BLOCK, 11 * BLOCK), (BLOCK - 3, 7)] {
         let got = fx
             .get_chunk_at(big, 5, 0, offset, length)
