@@ -30,6 +30,9 @@ use crate::view::{any_holds_at, holds_at, View};
 use talon_model::attr::without_setid;
 use talon_model::{Attr, ChunkRef, Class, Errno, FileKind, Ino, Layout, Time, XattrFlags};
 
+/// The most blocks a chunk can have (`keys::CHUNK_BLOCK`).
+const MAX_CHUNK_BLOCKS: u32 = crate::config::MAX_CHUNK_SIZE / keys::CHUNK_BLOCK as u32;
+
 /// The keys a prepared op list locks.
 pub fn lock_keys(ops: &[Op]) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::new();
@@ -727,12 +730,16 @@ impl Applier {
                 Op::DropChunks(chunks) => {
                     for (ino, w, i) in chunks {
                         let time = keys::chunk_time(*ino, *w, *i);
-                        let blocks = match v.get(&time)? {
-                            Some(b) => ChunkTime::from_bytes(&b)?.blocks,
-                            None => 0,
+                        // Format 2 stored the chunk whole (no blocks in its time record).
+                        let (whole, blocks) = match v.get(&time)? {
+                            None => (true, 0),
+                            Some(b) => match ChunkTime::from_bytes(&b) {
+                                Ok(t) => (t.blocks == 0, t.blocks),
+                                // Unreadable: every key the chunk may have.
+                                Err(_) => (true, MAX_CHUNK_BLOCKS),
+                            },
                         };
-                        // Format 2 stored the chunk whole.
-                        if blocks == 0 {
+                        if whole {
                             v.del(keys::chunk(*ino, *w, *i));
                         }
                         for b in 0..blocks {
@@ -1360,7 +1367,24 @@ mod tests {
         assert_eq!(read(&fx, 9, B - 1, 2), ChunkRead::Mismatch);
         assert_eq!(read(&fx, 9, 0, B), bytes(0..B));
         assert_eq!(read(&fx, 9, 2 * B, 1000), bytes(2 * B..len));
-        let drop = fx.run(vec![Op::DropChunks(vec![(f, 9, 0), (f, 11, 0)])]);
+        // A chunk whose time record no longer reads: its drop takes every key it may have.
+        let put = fx.run(vec![Op::PutChunk {
+            ino: f,
+            write_id: 12,
+            index: 0,
+            data: Bytes::from(data.clone()),
+            at_ms: 5,
+        }]);
+        assert!(matches!(put, CommandResult::Applied(_)), "{put:?}");
+        fx.db.write(std::mem::take(&mut fx.staged));
+        let time = keys::chunk_time(f, 12, 0);
+        fx.db
+            .write([(time, Some(vec![1; 5]))].into_iter().collect());
+        let drop = fx.run(vec![Op::DropChunks(vec![
+            (f, 9, 0),
+            (f, 11, 0),
+            (f, 12, 0),
+        ])]);
         assert!(matches!(drop, CommandResult::Applied(_)), "{drop:?}");
         fx.db.write(std::mem::take(&mut fx.staged));
         assert_eq!(chunk_keys(&fx), Vec::<Vec<u8>>::new());
