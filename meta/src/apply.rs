@@ -1303,14 +1303,18 @@ mod tests {
         let mut fx = Fixture::new();
         let f = fx.f;
         let data: Vec<u8> = (0..2 * B + 1000).map(|i| (i * 7 % 251) as u8).collect();
-        let put = fx.run(vec![Op::PutChunk {
-            ino: f,
-            write_id: 9,
-            index: 0,
-            data: Bytes::from(data.clone()),
-            at_ms: 5,
-        }]);
-        assert!(matches!(put, CommandResult::Applied(_)), "{put:?}");
+        let put = |fx: &mut Fixture, write_id| {
+            let put = fx.run(vec![Op::PutChunk {
+                ino: f,
+                write_id,
+                index: 0,
+                data: Bytes::from(data.clone()),
+                at_ms: 5,
+            }]);
+            assert!(matches!(put, CommandResult::Applied(_)), "{put:?}");
+            fx.db.write(std::mem::take(&mut fx.staged));
+        };
+        put(&mut fx, 9);
         // Format 2's whole chunk, as an older release stored it.
         let whole = ChunkView {
             crc: crc32c::crc32c(&data),
@@ -1368,15 +1372,7 @@ mod tests {
         assert_eq!(read(&fx, 9, 0, B), bytes(0..B));
         assert_eq!(read(&fx, 9, 2 * B, 1000), bytes(2 * B..len));
         // A chunk whose time record no longer reads: its drop takes every key it may have.
-        let put = fx.run(vec![Op::PutChunk {
-            ino: f,
-            write_id: 12,
-            index: 0,
-            data: Bytes::from(data.clone()),
-            at_ms: 5,
-        }]);
-        assert!(matches!(put, CommandResult::Applied(_)), "{put:?}");
-        fx.db.write(std::mem::take(&mut fx.staged));
+        put(&mut fx, 12);
         let time = keys::chunk_time(f, 12, 0);
         fx.db
             .write([(time, Some(vec![1; 5]))].into_iter().collect());
