@@ -357,6 +357,7 @@ impl Core {
         // Chunks held in memory are copied; the rest are fetched in one parallel read each
         // run of committed chunks.
         let mut fetch: Vec<(u32, u64, u64, u64)> = Vec::new();
+        let mut read_ahead_used = false;
         for (index, in_chunk, n, at) in pieces(offset, end - offset, c.chunk_size) {
             let dst = &mut out[at as usize..(at + n) as usize];
             if let Some(d) = c.dirty.get(&index) {
@@ -376,9 +377,17 @@ impl Core {
                 (Some((id, d)), _) if *id == r.write_id => {
                     copy_from(dst, d, in_chunk, r.len as u64)
                 }
-                (_, Some(d)) => dst[..d.len()].copy_from_slice(d),
+                (_, Some(d)) => {
+                    dst[..d.len()].copy_from_slice(d);
+                    read_ahead_used = true;
+                }
                 _ => fetch.push((index, in_chunk, n, at)),
             }
+        }
+        // A reader that turned away from the order it read in gives its read-ahead back
+        // to the client's budget, unless this read still used it.
+        if !sequential && !read_ahead_used {
+            c.ahead = None;
         }
         if !fetch.is_empty() {
             let client = self.client.clone();

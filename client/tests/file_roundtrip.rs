@@ -212,7 +212,8 @@ async fn a_streaming_reader_has_the_next_chunk_fetched_ahead() {
 
 /// What sequential readers hold beyond what they asked for stays within the client's
 /// read-ahead budget: a reader that finds it spent is sent what it asks for and no more,
-/// and gets its read-ahead again once another reader's File is closed.
+/// and gets its read-ahead again once another reader turns away from reading in order, or
+/// its File is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_readers_share_the_read_ahead_budget() {
     let fx = Fixture::start(1).await;
@@ -223,7 +224,8 @@ async fn sequential_readers_share_the_read_ahead_budget() {
     };
     let addrs = fx.cluster.addrs();
     let connect = |o| Client::connect(&addrs, o);
-    let data = pattern(79, 2 * cs as usize + 100);
+    // Two chunks: no third for a reader of the second to fetch ahead.
+    let data = pattern(79, 2 * cs as usize);
     fx.client.write_file("/budget", &data).await.expect("write");
     const READ: u64 = 128 << 10;
     async fn read(f: &mut talon_client::File, data: &[u8], at: u64) {
@@ -259,12 +261,27 @@ async fn sequential_readers_share_the_read_ahead_budget() {
     read(&mut b, &data, 0).await;
     read(&mut b, &data, READ).await;
     assert_eq!(c.rpc_count() - before, 2, "no room left for b's read-ahead");
-    a.close().await.expect("close a");
+    // a reads elsewhere, out of order: its read-ahead goes back.
+    read(&mut a, &data, cs + 7 * READ).await;
     let before = c.rpc_count();
     read(&mut b, &data, 2 * READ).await;
     read(&mut b, &data, 3 * READ).await;
     read(&mut b, &data, 4 * READ).await;
-    assert_eq!(c.rpc_count() - before, 1, "b reads ahead once a is closed");
+    assert_eq!(
+        c.rpc_count() - before,
+        1,
+        "b reads ahead once a turned away"
+    );
+    // b's takes the budget now; once b is closed, a reads ahead again.
+    let before = c.rpc_count();
+    read(&mut a, &data, cs + 8 * READ).await;
+    read(&mut a, &data, cs + 9 * READ).await;
+    assert_eq!(c.rpc_count() - before, 2, "no room left for a's read-ahead");
+    b.close().await.expect("close b");
+    let before = c.rpc_count();
+    read(&mut a, &data, cs + 10 * READ).await;
+    read(&mut a, &data, cs + 11 * READ).await;
+    assert_eq!(c.rpc_count() - before, 1, "a reads ahead once b is closed");
     fx.shutdown().await;
 }
 
