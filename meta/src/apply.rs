@@ -675,8 +675,9 @@ impl Applier {
                 } => {
                     // In blocks, each with its own checksum, so a read of a range reads and
                     // checks only its blocks; an empty chunk is one empty block.
+                    let empty = data.is_empty().then_some(&data[..]);
                     let mut blocks = 0u32;
-                    for part in data.chunks(keys::CHUNK_BLOCK) {
+                    for part in data.chunks(keys::CHUNK_BLOCK).chain(empty) {
                         let block = ChunkView {
                             crc: crc32c::crc32c(part),
                             at_ms: *at_ms,
@@ -685,15 +686,6 @@ impl Applier {
                         let k = keys::chunk_block(*ino, *write_id, *index, blocks);
                         v.put(k, enc(&block));
                         blocks += 1;
-                    }
-                    if blocks == 0 {
-                        let empty = ChunkView {
-                            crc: crc32c::crc32c(&[]),
-                            at_ms: *at_ms,
-                            data: &[],
-                        };
-                        v.put(keys::chunk_block(*ino, *write_id, *index, 0), enc(&empty));
-                        blocks = 1;
                     }
                     let time = ChunkTime {
                         at_ms: *at_ms,
