@@ -212,10 +212,11 @@ impl Drop for Prefetch {
 }
 
 /// Bytes of a stored chunk from `from` to its end, fetched in one request when a read
-/// goes through the file in order. A node reads and checks a whole chunk for any range of
-/// it, so a sequential reader (the kernel's 128 KiB reads of a mount, say) that asked for
-/// each range on its own would have every chunk read and checksummed 32 times. A stored
-/// chunk never changes under its write id: the bytes answer while the layout names it.
+/// goes through the file in order: a sequential reader (the kernel's 128 KiB reads of a
+/// mount, say) that asked for each range on its own would pay a request per read, and the
+/// node would read the chunk's blocks a few at a time instead of in pieces at once. A
+/// stored chunk never changes under its write id: the bytes answer while the layout names
+/// it.
 struct Ahead {
     index: u32,
     write_id: u64,
@@ -403,12 +404,13 @@ impl Core {
                 // A sequential reader's last chunk is fetched to its end, for its next
                 // reads, while the client's read-ahead budget has room for it.
                 let rest = r.len as u64 - in_chunk;
-                let ahead = (sequential && k == final_piece && valid < rest)
-                    .then(|| {
-                        c.ahead = None;
-                        client.hold_read_ahead(rest)
-                    })
-                    .flatten();
+                let ahead = if sequential && k == final_piece && valid < rest {
+                    // The held rest of an earlier chunk gives its room to this one's.
+                    c.ahead = None;
+                    client.hold_read_ahead(rest)
+                } else {
+                    None
+                };
                 if ahead.is_some() {
                     valid = rest;
                 }
