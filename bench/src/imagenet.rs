@@ -136,9 +136,7 @@ impl ImagenetArgs {
             self.workers,
             self.epochs
         );
-        if let Some(t) = &self.target {
-            c.push_str(&format!(" --target {}", shell_word(&t.to_string())));
-        }
+        c.push_str(&target::target_flag(self.target.as_ref()));
         if self.cold {
             c.push_str(" --cold");
         }
@@ -359,10 +357,7 @@ pub fn run(args: &ImagenetArgs) -> anyhow::Result<ImagenetReport> {
     Ok(ImagenetReport {
         workload: "imagenet",
         command: args.command_line(),
-        target: args
-            .target
-            .as_ref()
-            .map_or_else(|| "local".to_string(), |t| t.to_string()),
+        target: target::describe(args.target.as_ref()),
         files: tree.files.len() as u64,
         bytes: tree.files.iter().map(|f| f.len as u64).sum(),
         dir: tree.top,

@@ -175,9 +175,7 @@ impl MdtestArgs {
             }
         }
         c.push_str(&format!(" -d {}", shell_word(&self.dir)));
-        if let Some(t) = &self.target {
-            c.push_str(&format!(" --target {}", shell_word(&t.to_string())));
-        }
+        c.push_str(&target::target_flag(self.target.as_ref()));
         c
     }
 }
@@ -722,10 +720,7 @@ pub fn run(args: &MdtestArgs) -> anyhow::Result<MdtestReport> {
     Ok(MdtestReport {
         workload: "mdtest",
         command: args.command_line(),
-        target: args
-            .target
-            .as_ref()
-            .map_or_else(|| "local".to_string(), |t| t.to_string()),
+        target: target::describe(args.target.as_ref()),
         dir: top,
         tasks: plan.tasks,
         items_per_task: plan.items,

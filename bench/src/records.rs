@@ -101,9 +101,7 @@ impl RecordsArgs {
             self.workers,
             self.epochs
         );
-        if let Some(t) = &self.target {
-            c.push_str(&format!(" --target {}", shell_word(&t.to_string())));
-        }
+        c.push_str(&target::target_flag(self.target.as_ref()));
         for (on, flag) in [
             (self.cold, " --cold"),
             (self.no_build, " --no-build"),
@@ -402,10 +400,7 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<RecordsReport> {
     Ok(RecordsReport {
         workload: "records",
         command: args.command_line(),
-        target: args
-            .target
-            .as_ref()
-            .map_or_else(|| "local".to_string(), |t| t.to_string()),
+        target: target::describe(args.target.as_ref()),
         dir: top,
         shards: args.shards,
         shard_bytes: bytes,

@@ -161,6 +161,18 @@ pub struct Imported {
     pub seconds: f64,
 }
 
+/// How a report names the target: `posix:…`, `talon:…`, or `local` when none was given.
+pub fn describe(spec: Option<&TargetSpec>) -> String {
+    spec.map_or_else(|| "local".to_string(), |t| t.to_string())
+}
+
+/// The `--target` flag of a reproducing command line, or nothing when none was given.
+pub fn target_flag(spec: Option<&TargetSpec>) -> String {
+    spec.map_or_else(String::new, |t| {
+        format!(" --target {}", crate::mdtest::shell_word(&t.to_string()))
+    })
+}
+
 /// Opens the target `spec` names.
 pub fn open(spec: &TargetSpec) -> anyhow::Result<Arc<dyn Fs>> {
     Ok(match spec {

@@ -106,9 +106,7 @@ impl TraverseArgs {
             self.workers,
             self.epochs
         );
-        if let Some(t) = &self.target {
-            c.push_str(&format!(" --target {}", shell_word(&t.to_string())));
-        }
+        c.push_str(&target::target_flag(self.target.as_ref()));
         for (on, flag) in [
             (self.cold, " --cold"),
             (self.no_build, " --no-build"),
@@ -247,10 +245,7 @@ pub fn run(args: &TraverseArgs) -> anyhow::Result<TraverseReport> {
     Ok(TraverseReport {
         workload: "traverse",
         command: args.command_line(),
-        target: args
-            .target
-            .as_ref()
-            .map_or_else(|| "local".to_string(), |t| t.to_string()),
+        target: target::describe(args.target.as_ref()),
         depth: args.depth,
         dirs: tree.dirs.len() as u64,
         files: tree.files.len() as u64,
