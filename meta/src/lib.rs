@@ -19,6 +19,7 @@
 //! - `tuning`: RocksDB memtable sizes shared by a node's stores.
 //! - `malloc`: the process's C allocator: fewer arenas, freed memory back to the kernel.
 //! - `raft_log`: the node's shared Raft log with group commit of WAL fsyncs.
+//! - `log_recent`: a group's entries appended and not yet applied, answered from memory.
 //! - `network`: node-to-node channels and openraft's network for every group.
 //! - `reads`: a replica's own file and directory reads, shared by clients' and peers' paths.
 //! - `dir_touch`: directory attribute updates queued between flushes, and their overlay.
@@ -50,6 +51,7 @@ pub mod failpoints;
 pub mod format;
 pub mod keys;
 pub mod kv;
+pub mod log_recent;
 pub mod malloc;
 pub mod namespace;
 pub mod network;

@@ -8,6 +8,9 @@
 //! acknowledges them all — group commit across partitions. Votes are written with a sync
 //! of their own, since a vote must be durable before it is answered.
 //!
+//! Entries appended and not yet applied are also kept in memory (`crate::log_recent`), and
+//! the apply and a leader's replication read them from there rather than back from RocksDB.
+//!
 //! A replica never resumes leading after a restart: the vote it reads back at start-up
 //! is never a committed one, so openraft starts it as a follower (as etcd's Raft does)
 //! rather than as the leader of the term it led, and leading again takes an election in
@@ -25,6 +28,7 @@
 //! (`O_DIRECT`) where the file system takes that: the blob files they write hold bodies
 //! already applied, read back only by a peer far behind or at a restart.
 
+use crate::log_recent::Recent;
 use crate::space::Gate;
 use crate::types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -35,7 +39,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 fn io_err(
     subject: ErrorSubject<NodeId>,
@@ -199,6 +203,8 @@ impl LogDb {
             group,
             db: self.clone(),
             mark: None,
+            recent: Arc::default(),
+            applies: true,
         }
     }
 
@@ -209,6 +215,8 @@ impl LogDb {
             group,
             db: self.clone(),
             mark: Some(mark),
+            recent: Arc::default(),
+            applies: true,
         }
     }
 
@@ -389,9 +397,19 @@ pub struct LogStore {
     db: Arc<LogDb>,
     /// Purges wait for this snapshot mark (see [`SnapshotMark`]).
     mark: Option<Arc<SnapshotMark>>,
+    /// The group's entries appended and not yet applied, shared by its readers.
+    recent: Arc<Mutex<Recent>>,
+    /// Reads through this handle are the apply's (the group's own handle, not a reader
+    /// handed out for replication): they take what they read out of `recent`.
+    applies: bool,
 }
 
 impl LogStore {
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        // Nothing panics while holding it; a poisoned lock still holds a whole run.
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn key(&self, tag: u8, index: Option<u64>) -> Vec<u8> {
         let mut k = Vec::with_capacity(13);
         k.extend_from_slice(&self.group.to_be_bytes());
@@ -558,6 +576,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&e) => Some(e),
             Bound::Unbounded => None,
         };
+        if let Some(held) = end.and_then(|end| self.recent().get(start, end, self.applies)) {
+            return Ok(held);
+        }
         match end {
             Some(end) if end.saturating_sub(start) <= POINT_READS_MAX => {
                 self.entries_by_key(start, end)
@@ -580,7 +601,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
+        LogStore {
+            applies: false,
+            ..self.clone()
+        }
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
@@ -628,12 +652,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let mut puts = Vec::new();
+        let mut kept = Vec::new();
         let mut bytes = 0;
         for e in entries {
             let b = crate::format::encode(&e)
                 .map_err(|err| io_err(ErrorSubject::Logs, ErrorVerb::Write, err))?;
             let k = self.key(b'e', Some(e.get_log_id().index));
             bytes += k.len() + b.len();
+            kept.push((e, b.len()));
             puts.push((k, b));
         }
         if let Some(g) = &self.db.gate {
@@ -649,6 +675,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch
         })
         .await?;
+        self.recent().append(kept);
         self.db.stats.appends.fetch_add(1, Ordering::Relaxed);
         if let Some(m) = &self.mark {
             m.appended(bytes as u64);
@@ -665,6 +692,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        // Forgotten first: no read finds in memory what the log no longer holds.
+        self.recent().truncate(log_id.index);
         let from = self.key(b'e', Some(log_id.index));
         let last = self.key(b'e', Some(u64::MAX));
         self.write_waiting(ErrorSubject::Logs, ErrorVerb::Delete, false, || {
@@ -685,6 +714,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .await
                 .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Delete, Corrupt(e)))?;
         }
+        self.recent().purge(log_id.index);
         let done: Option<LogId<NodeId>> = self.get_meta(b'p', ErrorSubject::Logs)?;
         if done >= Some(log_id) {
             return Ok(());
@@ -947,6 +977,54 @@ mod tests {
         let left = files_where(dir.path(), |_| true);
         assert_eq!(left.len(), 0, "{left:?}");
         assert!(!direct_writes_work(&dir.path().join("absent")));
+    }
+
+    /// Appended entries are answered from memory until the apply's read takes them (a
+    /// reader handed out for replication reads them without taking); a truncation or a
+    /// purge leaves nothing in memory that the log no longer holds. The entries are taken
+    /// out of the log's RocksDB behind its back, so that only memory can answer them.
+    #[tokio::test]
+    async fn appended_entries_are_answered_from_memory_until_applied() {
+        use openraft::storage::RaftLogStorageExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = LogDb::open(&dir.path().join("log")).expect("open the log");
+        let mut s = db.group(3);
+        let mut reader = s.get_log_reader().await;
+        let entry = |i: u64| Entry::<TypeConfig> {
+            log_id: id(i),
+            payload: EntryPayload::Blank,
+        };
+        s.blocking_append((1..=6).map(entry)).await.expect("append");
+        for i in 1..=6 {
+            s.db.db.delete(s.key(b'e', Some(i))).expect("delete");
+        }
+        let indexes = |v: Vec<Entry<TypeConfig>>| -> Vec<u64> {
+            v.iter().map(|e| e.get_log_id().index).collect()
+        };
+        let read = |r: &mut LogStore, range: std::ops::Range<u64>| {
+            let mut r = r.clone();
+            async move { indexes(r.try_get_log_entries(range).await.expect("read")) }
+        };
+        assert_eq!(read(&mut reader, 2..5).await, vec![2, 3, 4]);
+        assert_eq!(read(&mut reader, 2..5).await, vec![2, 3, 4], "not taken");
+        // The apply's read takes them: then only the log (emptied here) answers.
+        let applied = indexes(s.try_get_log_entries(1..4).await.expect("apply's read"));
+        assert_eq!(applied, vec![1, 2, 3]);
+        assert_eq!(read(&mut reader, 1..4).await, Vec::<u64>::new());
+        assert_eq!(read(&mut reader, 4..7).await, vec![4, 5, 6]);
+        s.truncate(id(5)).await.expect("truncate");
+        assert_eq!(read(&mut reader, 4..5).await, vec![4]);
+        assert_eq!(
+            read(&mut reader, 5..7).await,
+            Vec::<u64>::new(),
+            "truncated"
+        );
+        s.blocking_append((5..=5).map(entry))
+            .await
+            .expect("append again");
+        s.purge(id(4)).await.expect("purge");
+        assert_eq!(read(&mut reader, 4..5).await, Vec::<u64>::new(), "purged");
+        assert_eq!(read(&mut reader, 5..6).await, vec![5], "appended again");
     }
 
     /// A short range is read key by key and a long one by a scan: both give the entries
