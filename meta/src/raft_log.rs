@@ -989,7 +989,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = LogDb::open(&dir.path().join("log")).expect("open the log");
         let mut s = db.group(3);
-        let mut reader = s.get_log_reader().await;
+        let reader = s.get_log_reader().await;
         let entry = |i: u64| Entry::<TypeConfig> {
             log_id: id(i),
             payload: EntryPayload::Blank,
@@ -1001,30 +1001,26 @@ mod tests {
         let indexes = |v: Vec<Entry<TypeConfig>>| -> Vec<u64> {
             v.iter().map(|e| e.get_log_id().index).collect()
         };
-        let read = |r: &mut LogStore, range: std::ops::Range<u64>| {
+        let read = |r: &LogStore, range: std::ops::Range<u64>| {
             let mut r = r.clone();
             async move { indexes(r.try_get_log_entries(range).await.expect("read")) }
         };
-        assert_eq!(read(&mut reader, 2..5).await, vec![2, 3, 4]);
-        assert_eq!(read(&mut reader, 2..5).await, vec![2, 3, 4], "not taken");
+        assert_eq!(read(&reader, 2..5).await, vec![2, 3, 4]);
+        assert_eq!(read(&reader, 2..5).await, vec![2, 3, 4], "not taken");
         // The apply's read takes them: then only the log (emptied here) answers.
         let applied = indexes(s.try_get_log_entries(1..4).await.expect("apply's read"));
         assert_eq!(applied, vec![1, 2, 3]);
-        assert_eq!(read(&mut reader, 1..4).await, Vec::<u64>::new());
-        assert_eq!(read(&mut reader, 4..7).await, vec![4, 5, 6]);
+        assert_eq!(read(&reader, 1..4).await, Vec::<u64>::new());
+        assert_eq!(read(&reader, 4..7).await, vec![4, 5, 6]);
         s.truncate(id(5)).await.expect("truncate");
-        assert_eq!(read(&mut reader, 4..5).await, vec![4]);
-        assert_eq!(
-            read(&mut reader, 5..7).await,
-            Vec::<u64>::new(),
-            "truncated"
-        );
+        assert_eq!(read(&reader, 4..5).await, vec![4]);
+        assert_eq!(read(&reader, 5..7).await, Vec::<u64>::new(), "truncated");
         s.blocking_append((5..=5).map(entry))
             .await
             .expect("append again");
         s.purge(id(4)).await.expect("purge");
-        assert_eq!(read(&mut reader, 4..5).await, Vec::<u64>::new(), "purged");
-        assert_eq!(read(&mut reader, 5..6).await, vec![5], "appended again");
+        assert_eq!(read(&reader, 4..5).await, Vec::<u64>::new(), "purged");
+        assert_eq!(read(&reader, 5..6).await, vec![5], "appended again");
     }
 
     /// A short range is read key by key and a long one by a scan: both give the entries
