@@ -504,15 +504,21 @@ impl Core {
         for (index, in_chunk, n, at) in pieces(offset, data.len() as u64, c.chunk_size) {
             let buf = c.dirty_chunk(&self.client, self.ino, index).await?;
             let (lo, hi) = (in_chunk as usize, (in_chunk + n) as usize);
-            if buf.len() < hi {
+            let src = &data[at as usize..(at + n) as usize];
+            if buf.len() < hi && buf.capacity() < hi {
                 // A chunk that grows is made room for whole at once: a sequential writer
                 // fills it, and growing it by doublings would copy it each time.
-                if buf.capacity() < hi {
-                    buf.reserve_exact(whole - buf.len());
-                }
-                buf.resize(hi, 0);
+                buf.reserve_exact(whole - buf.len());
             }
-            buf[lo..hi].copy_from_slice(&data[at as usize..(at + n) as usize]);
+            if buf.len() == lo {
+                // Appended: copied once, not zeroed first.
+                buf.extend_from_slice(src);
+            } else {
+                if buf.len() < hi {
+                    buf.resize(hi, 0);
+                }
+                buf[lo..hi].copy_from_slice(src);
+            }
         }
         self.size = self.size.max(end);
         // Store chunks the writer has filled and moved past, and keep the dirty set small.
