@@ -32,9 +32,33 @@ pub const UPGRADES_FROM: &[u32] = &[2];
 /// snapshot (a checkpoint of the whole store).
 pub const FORMAT_KEY: &[u8] = b"\x00talon-format";
 
-/// Encodes a value in the current format.
+/// Encodes a value in the current format, into a vector of its size: one that grew as the
+/// value was written would copy what it held at each growth (a chunk's 4 MiB once more when
+/// the fields after it are written).
 pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(v)
+    let size = postcard::experimental::serialized_size(v)?;
+    postcard::serialize_with_flavor(v, Presized(Vec::with_capacity(size)))
+}
+
+/// postcard's output into a vector given its room beforehand.
+struct Presized(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Presized {
+    type Output = Vec<u8>;
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
 }
 
 /// Decodes a value written in the current format. Every byte must belong to the value: a
@@ -182,6 +206,32 @@ pub fn check_message(from: &str, found: u32) -> Result<(), FormatMismatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value is encoded as postcard encodes it, into a vector that never grew: a large
+    /// body followed by more fields, and a small record.
+    #[test]
+    fn a_value_is_encoded_into_a_vector_of_its_size() {
+        #[derive(Serialize)]
+        struct Chunk {
+            index: u32,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+            at_ms: u64,
+        }
+        let chunk = Chunk {
+            index: 7,
+            data: vec![0xa5; 4 << 20],
+            at_ms: u64::MAX,
+        };
+        for b in [
+            encode(&chunk).expect("encode"),
+            encode(&(3u8, "name")).expect("encode"),
+        ] {
+            assert_eq!(b.capacity(), b.len());
+        }
+        let b = encode(&chunk).expect("encode");
+        assert_eq!(b, postcard::to_allocvec(&chunk).expect("postcard"));
+    }
 
     #[test]
     fn a_new_store_is_stamped_and_then_accepted() {

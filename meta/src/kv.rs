@@ -14,6 +14,14 @@ use std::collections::BTreeMap;
 /// Staged writes: key → Some(value) to put, None to delete.
 pub type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
+/// A RocksDB write batch with room for `records` records of `bytes` key and value bytes in
+/// all: filled, it never grows its buffer, which copies what it holds at each growth (a
+/// chunk's 4 MiB once or twice more).
+pub fn batch_with_room(records: usize, bytes: usize) -> rocksdb::WriteBatch {
+    // A 12-byte header, then per record a type byte and two varint32 lengths of at most 5.
+    rocksdb::WriteBatch::with_capacity_bytes(12 + bytes + records * 11)
+}
+
 /// A store a view reads from.
 pub trait Kv {
     /// The value of `k`, the store's own checksums verified.

@@ -668,7 +668,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
         }
         self.write_waiting(ErrorSubject::Logs, ErrorVerb::Write, false, || {
-            let mut batch = WriteBatch::default();
+            let mut batch = crate::kv::batch_with_room(puts.len(), bytes);
             for (k, b) in &puts {
                 batch.put(k, b);
             }

@@ -700,7 +700,9 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         }
         let Some(last) = last else { return Ok(results) };
         let (mut bodies, mut chunks) = (0, 0);
+        let mut bytes = 0;
         for (k, v) in overlay.iter() {
+            bytes += k.len() + v.as_ref().map_or(0, Vec::len);
             match (k.first(), v) {
                 (Some(&keys::tag::BODY), None) => bodies += 1,
                 (Some(&keys::tag::CHUNK), None) if keys::is_chunk_head(k) => chunks += 1,
@@ -725,8 +727,15 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         // after a flush). A clean stop flushes the memtable.
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
+        let records = overlay.len() + 2;
+        let bytes = bytes
+            + meta::APPLIED.len()
+            + applied.len()
+            + membership
+                .as_ref()
+                .map_or(0, |m| meta::MEMBERSHIP.len() + m.len());
         let write = || {
-            let mut batch = WriteBatch::default();
+            let mut batch = crate::kv::batch_with_room(records, bytes);
             for (k, v) in &overlay {
                 match v {
                     Some(v) => batch.put(k, v),
