@@ -53,6 +53,7 @@ impl Recent {
         if self.last().is_some_and(|l| l.checked_add(1) != Some(first)) {
             self.clear();
         }
+        let batch = appended.len();
         let mut next = first;
         for (e, size) in appended {
             if e.get_log_id().index != next {
@@ -64,7 +65,6 @@ impl Recent {
             self.bytes += size;
             self.entries.push_back((e, size));
         }
-        let batch = self.last().map_or(0, |l| l + 1 - first) as usize;
         while self.bytes > RECENT_BYTES && self.entries.len() > batch {
             self.pop_front();
         }
@@ -73,9 +73,7 @@ impl Recent {
     /// Forgets the entries from `index` on (the log is truncated there).
     pub fn truncate(&mut self, index: u64) {
         while self.last().is_some_and(|l| l >= index) {
-            if let Some((_, size)) = self.entries.pop_back() {
-                self.bytes -= size;
-            }
+            self.pop_back();
         }
     }
 
@@ -110,20 +108,21 @@ impl Recent {
         for _ in 0..skip {
             self.pop_front();
         }
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            if let Some((e, size)) = self.entries.pop_front() {
-                self.bytes -= size;
-                out.push(e);
-            }
-        }
-        Some(out)
+        Some((0..n).filter_map(|_| self.pop_front()).collect())
     }
 
-    fn pop_front(&mut self) {
-        if let Some((_, size)) = self.entries.pop_front() {
-            self.bytes -= size;
-        }
+    /// Takes the first entry out, with its bytes.
+    fn pop_front(&mut self) -> Option<Entry<TypeConfig>> {
+        let (e, size) = self.entries.pop_front()?;
+        self.bytes -= size;
+        Some(e)
+    }
+
+    /// Takes the last entry out, with its bytes.
+    fn pop_back(&mut self) -> Option<Entry<TypeConfig>> {
+        let (e, size) = self.entries.pop_back()?;
+        self.bytes -= size;
+        Some(e)
     }
 
     fn clear(&mut self) {
