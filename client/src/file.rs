@@ -505,7 +505,7 @@ impl Core {
             let buf = c.dirty_chunk(&self.client, self.ino, index).await?;
             let (lo, hi) = (in_chunk as usize, (in_chunk + n) as usize);
             let src = &data[at as usize..(at + n) as usize];
-            if buf.len() < hi && buf.capacity() < hi {
+            if buf.capacity() < hi {
                 // A chunk that grows is made room for whole at once: a sequential writer
                 // fills it, and growing it by doublings would copy it each time.
                 buf.reserve_exact(whole - buf.len());
