@@ -715,6 +715,53 @@ fn relaxed_directories_show_this_mounts_changes_at_once() {
     own_changes_show_at_once(&m, "data", talon_model::Class::Relaxed);
 }
 
+/// A change committed through one handle of this mount shows through its other handles,
+/// and to every later open, in `root` (a directory of `class`). A read-only handle held a
+/// small file's body from its open on, so it went on reading the old contents, and what it
+/// read filled the kernel's page cache, which a relaxed file keeps across opens: a new open
+/// after the writer's close read the old contents too. A read through another handle while
+/// the writer has not closed yet may see either (close-to-open); it must not leave the old
+/// contents behind for later opens.
+fn a_change_through_one_handle_shows_through_the_others(m: &Mounted, root: &str) {
+    fs::create_dir_all(m.path(root)).expect("mkdir");
+    for read_before_close in [false, true] {
+        let p = m.path(&format!("{root}/shared-{read_before_close}"));
+        fs::write(&p, vec![b'a'; 8192]).expect("create");
+        let reader = File::open(&p).expect("open a reader");
+        let mut buf = vec![0u8; 8192];
+        reader.read_exact_at(&mut buf, 0).expect("read");
+        assert_eq!(buf, vec![b'a'; 8192]);
+        let writer = OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .expect("open a writer");
+        writer.write_all_at(&[b'b'; 4096], 0).expect("write");
+        if read_before_close {
+            reader
+                .read_exact_at(&mut buf, 0)
+                .expect("read before the close");
+        }
+        drop(writer);
+        let mut want = vec![b'b'; 4096];
+        want.extend_from_slice(&[b'a'; 4096]);
+        reader
+            .read_exact_at(&mut buf, 0)
+            .expect("read after the close");
+        assert!(buf == want, "{root}: the reader sees the committed change");
+        assert!(
+            read(&p) == want,
+            "{root}: a new open sees the committed change"
+        );
+    }
+}
+
+#[test]
+fn a_change_through_one_handle_shows_through_the_others_in_both_classes() {
+    let m = Mounted::start();
+    a_change_through_one_handle_shows_through_the_others(&m, "data");
+    a_change_through_one_handle_shows_through_the_others(&m, "ckpt");
+}
+
 #[test]
 fn truncating_an_open_file_changes_its_times_at_once() {
     let m = Mounted::start();

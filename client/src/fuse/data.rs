@@ -17,6 +17,10 @@
 //! - `write` buffers in the `File`; `flush` (every `close(2)`), `fsync` and `release`
 //!   commit, so after `close` returns every later open anywhere sees the new contents
 //!   (close-to-open);
+//! - a change one handle commits shows through this mount's other handles of the file
+//!   from then on: they reopen their `File` at their next read, and the kernel drops the
+//!   pages it cached through them (`Shared::changed_under_others`); a read through another
+//!   handle before the writer's commit sees the contents as last committed;
 //! - O_APPEND is the kernel's business: it passes append offsets in each write; O_TRUNC
 //!   comes with the open and truncates through its handle;
 //! - a write, truncate or O_TRUNC open by a caller that may not keep the file's set-ID
@@ -49,6 +53,13 @@ pub(crate) struct OpenFile {
     /// When the last uncommitted change was made: the file's mtime and ctime as this
     /// handle shows them until the commit gives the cluster's own.
     changed: std::sync::Mutex<Time>,
+    /// Another handle of this mount committed a change to the file since this one's `File`
+    /// was opened: a small file's body held from the open is not its contents any more
+    /// (see [`OpenFile::mark_stale`]).
+    stale: AtomicBool,
+    /// The file is held open past the removal of its last name ([`OpenFile::detach`]): it
+    /// can no longer be opened again by number.
+    detached: AtomicBool,
 }
 
 /// Where a handle's `File` stands.
@@ -91,6 +102,8 @@ impl OpenFile {
             size: AtomicU64::new(0),
             drops_setid: AtomicBool::new(false),
             changed: std::sync::Mutex::new(Time::default()),
+            stale: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
         }
     }
 
@@ -171,15 +184,48 @@ impl OpenFile {
         Ok(())
     }
 
-    /// Notes that the `File` has nothing uncommitted left.
-    fn committed(&self) {
-        self.dirty.store(false, Ordering::Release);
+    /// Notes that the `File` has nothing uncommitted left; true if it had (the commit just
+    /// made changed the file).
+    fn committed(&self) -> bool {
         self.drops_setid.store(false, Ordering::Release);
+        self.dirty.swap(false, Ordering::AcqRel)
+    }
+
+    /// Tells this handle that another handle of the mount committed a change to its file.
+    /// A read-only handle's `File` holds a small file's body from its open on, so its next
+    /// read would serve the contents as they were, and fill the kernel's page cache with
+    /// them for every later open of this mount: its `File` is opened again first.
+    pub fn mark_stale(&self) {
+        self.stale.store(true, Ordering::Release);
+    }
+
+    /// Reopens the `File` in `slot` if [`OpenFile::mark_stale`] said so and the handle has
+    /// nothing of its own in it: it only reads, and the file is not held past its removal
+    /// (it could not be opened by number again). The reopen reads strictly, at the leader,
+    /// so it sees the change that made this handle stale. Should the reopen fail, the
+    /// handle keeps what it had, as before the change.
+    async fn refresh(&self, slot: &mut Slot) {
+        if !self.stale.swap(false, Ordering::AcqRel)
+            || self.writable
+            || self.detached.load(Ordering::Acquire)
+        {
+            return;
+        }
+        let Slot::Open(f) = slot else { return };
+        if f.is_dirty() {
+            return;
+        }
+        let opts = OpenOptions::read_only();
+        match self.client.open_ino(self.ino, opts).await {
+            Ok(fresh) => *slot = Slot::Open(fresh),
+            Err(e) => tracing::debug!(ino = %self.ino, "reopen a stale handle: {e}"),
+        }
     }
 
     /// Up to `len` bytes at `offset` (fewer only at the end of the file).
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, TalonError> {
         let mut g = self.file.lock().await;
+        self.refresh(&mut g).await;
         let f = self.file(&mut g).await?;
         f.read_at(offset, u64::from(len)).await
     }
@@ -240,7 +286,9 @@ impl OpenFile {
     /// on a nearly full node).
     pub async fn detach(&self) -> Result<(), TalonError> {
         let mut g = self.file.lock().await;
-        self.file(&mut g).await?.hold_now().await
+        self.file(&mut g).await?.hold_now().await?;
+        self.detached.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Truncates or extends the file to `size` (EBADF once the handle is closed); with
@@ -268,39 +316,39 @@ impl OpenFile {
         Ok(true)
     }
 
-    /// Commits what was written, so a later open anywhere sees it (close-to-open).
-    pub async fn flush(&self) -> Result<(), TalonError> {
+    /// Commits what was written, so a later open anywhere sees it (close-to-open). True if
+    /// there was something to commit.
+    pub async fn flush(&self) -> Result<bool, TalonError> {
         let mut g = self.file.lock().await;
         let Slot::Open(f) = &mut *g else {
-            return Ok(());
+            return Ok(false);
         };
         f.flush().await?;
-        self.committed();
-        Ok(())
+        Ok(self.committed())
     }
 
-    /// Commits what was written, durably (a commit is replicated when it returns).
-    pub async fn fsync(&self) -> Result<(), TalonError> {
+    /// Commits what was written, durably (a commit is replicated when it returns). True if
+    /// there was something to commit.
+    pub async fn fsync(&self) -> Result<bool, TalonError> {
         let mut g = self.file.lock().await;
         let Slot::Open(f) = &mut *g else {
-            return Ok(());
+            return Ok(false);
         };
         f.sync_all().await?;
-        self.committed();
-        Ok(())
+        Ok(self.committed())
     }
 
-    /// The last close of this handle: commits anything left. The handle stays locked
-    /// until the commit ends, so a change that borrows it meanwhile (a truncate by path)
-    /// comes after the commit, not beside it.
-    pub async fn close(&self) -> Result<(), TalonError> {
+    /// The last close of this handle: commits anything left (true if there was anything).
+    /// The handle stays locked until the commit ends, so a change that borrows it meanwhile
+    /// (a truncate by path) comes after the commit, not beside it.
+    pub async fn close(&self) -> Result<bool, TalonError> {
         let mut g = self.file.lock().await;
         let Slot::Open(f) = std::mem::replace(&mut *g, Slot::Closed) else {
-            return Ok(());
+            return Ok(false);
         };
         let r = f.close().await;
-        self.committed();
-        r
+        let changed = self.committed();
+        r.map(|()| changed)
     }
 }
 

@@ -125,6 +125,9 @@ pub(crate) struct Shared {
     /// holding that directory's lock, so it may overlap a change in it: an attribute in
     /// `own_dirs` is served only while this count is what it was when its change began.
     renames: AtomicU64,
+    /// Tells the kernel to drop pages it cached (see [`Shared::changed_under_others`]);
+    /// set once the session is up.
+    notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 /// A directory's attributes after this mount's own change to its entries (`own_dirs`).
@@ -167,8 +170,14 @@ impl TalonFs {
                 fresh: DashMap::new(),
                 own_dirs: DashMap::new(),
                 renames: AtomicU64::new(0),
+                notifier: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// The mount's shared state, for [`Shared::set_notifier`] once the session is up.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.s.clone()
     }
 
     /// Runs `f` on the runtime; its reply is sent from there.
@@ -593,6 +602,47 @@ impl Shared {
             .is_some_and(|made| made.elapsed() < self.ttls.relaxed)
     }
 
+    /// The session's notifier, for [`Shared::changed_under_others`].
+    pub(crate) fn set_notifier(&self, n: fuser::Notifier) {
+        let _ = self.notifier.set(n);
+    }
+
+    /// After a change to file `i` committed by this mount (through handle `by`, or by
+    /// path): this mount's other open handles of `i` would go on serving the contents
+    /// their open fetched, and the kernel would cache what they serve for every later
+    /// open (relaxed files keep their pages), so this mount's own change would not show.
+    /// Those handles reopen at their next read ([`OpenFile::mark_stale`]) and the kernel
+    /// drops the file's cached pages before the change is answered. Nothing to do, and
+    /// nothing done, when no other handle of `i` is open here.
+    async fn changed_under_others(&self, i: Ino, by: Option<u64>) {
+        let others: Vec<u64> = self
+            .open_inos
+            .get(&i)
+            .map(|fhs| fhs.iter().copied().filter(|fh| Some(*fh) != by).collect())
+            .unwrap_or_default();
+        if others.is_empty() {
+            return;
+        }
+        for fh in others {
+            if let Some(f) = self.files.get(fh) {
+                f.mark_stale();
+            }
+        }
+        let Some(n) = self.notifier.get().cloned() else {
+            return;
+        };
+        // The kernel drops the pages under their locks, which a read in flight holds
+        // until it is answered: off the runtime's workers, which answer it.
+        let dropped = tokio::task::spawn_blocking(move || n.inval_inode(INodeNo(i.0), 0, 0));
+        match dropped.await {
+            Ok(Ok(())) => {}
+            // ENOENT: the kernel holds no inode of that number any more.
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Ok(Err(e)) => tracing::warn!(ino = %i, "drop the kernel's cached pages: {e}"),
+            Err(e) => tracing::warn!(ino = %i, "drop the kernel's cached pages: {e}"),
+        }
+    }
+
     fn forget_handle(&self, fh: u64) -> Option<Arc<OpenFile>> {
         let f = self.files.remove(fh)?;
         if let Some(mut fhs) = self.open_inos.get_mut(&f.ino) {
@@ -758,6 +808,7 @@ impl Filesystem for TalonFs {
                     };
                     if !through {
                         data::truncate(&s.client, i, size, drop_setid).await?;
+                        s.changed_under_others(i, None).await;
                     }
                 }
                 let set = SetAttr {
@@ -1044,9 +1095,14 @@ impl Filesystem for TalonFs {
         if f.is_clean() {
             return reply.ok();
         }
-        self.spawn(move |_| async move {
+        self.spawn(move |s| async move {
             match f.flush().await {
-                Ok(()) => reply.ok(),
+                Ok(changed) => {
+                    if changed {
+                        s.changed_under_others(f.ino, Some(fh.0)).await;
+                    }
+                    reply.ok()
+                }
                 Err(e) => reply.error(errno("flush", &e)),
             }
         });
@@ -1071,7 +1127,12 @@ impl Filesystem for TalonFs {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
             match f.close().await {
-                Ok(()) => reply.ok(),
+                Ok(changed) => {
+                    if changed {
+                        s.changed_under_others(f.ino, Some(fh.0)).await;
+                    }
+                    reply.ok()
+                }
                 Err(e) => reply.error(errno("release", &e)),
             }
         });
@@ -1090,7 +1151,12 @@ impl Filesystem for TalonFs {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
             match f.fsync().await {
-                Ok(()) => reply.ok(),
+                Ok(changed) => {
+                    if changed {
+                        s.changed_under_others(f.ino, Some(fh.0)).await;
+                    }
+                    reply.ok()
+                }
                 Err(e) => reply.error(errno("fsync", &e)),
             }
         });

@@ -197,6 +197,7 @@ impl Mount {
             .relaxed_ttl
             .unwrap_or(client.cluster_map().relaxed_staleness);
         let fs = TalonFs::new(client, rt, ttl);
+        let shared = fs.shared();
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             fuser::MountOption::FSName("talon".into()),
@@ -212,6 +213,7 @@ impl Mount {
         config.clone_fd = opts.threads > 1;
         let session = fuser::spawn_mount(fs, &mountpoint, &config)
             .map_err(|e| MountError::Fuse(mountpoint.clone(), e))?;
+        shared.set_notifier(session.notifier());
         widen_readahead(&mountpoint);
         tracing::info!(mountpoint = %mountpoint.display(), "mounted");
         Ok(Mount {
