@@ -309,6 +309,11 @@ impl Core {
         if !self.opts.read {
             return Err(bad_fd(&self.what, "reading"));
         }
+        self.read_held(offset, len).await
+    }
+
+    /// As [`Core::read_at`], whatever the File was opened for.
+    async fn read_held(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         let end = offset.saturating_add(len).min(self.size);
         if offset >= end {
             return Ok(Vec::new());
@@ -905,6 +910,17 @@ impl File {
     /// this File's uncommitted writes included.
     pub async fn read_at(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         self.core().await?.read_at(offset, len).await
+    }
+
+    /// As [`File::read_at`], for a File opened only to write: the contents as its
+    /// uncommitted writes make them, for another reader of the same client that must see
+    /// them (the mount's other handles of the file).
+    pub(crate) async fn read_as_written(
+        &mut self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, TalonError> {
+        self.core().await?.read_held(offset, len).await
     }
 
     /// Writes `data` at `offset`, extending the file (with zeros in any gap) if needed.

@@ -715,13 +715,11 @@ fn relaxed_directories_show_this_mounts_changes_at_once() {
     own_changes_show_at_once(&m, "data", talon_model::Class::Relaxed);
 }
 
-/// A change committed through one handle of this mount shows through its other handles,
-/// and to every later open, in `root` (a directory of `class`). A read-only handle held a
-/// small file's body from its open on, so it went on reading the old contents, and what it
-/// read filled the kernel's page cache, which a relaxed file keeps across opens: a new open
-/// after the writer's close read the old contents too. A read through another handle while
-/// the writer has not closed yet may see either (close-to-open); it must not leave the old
-/// contents behind for later opens.
+/// A write through one handle of this mount shows through its other handles at once, as on
+/// a local file system, and to every later open once committed, in `root`. A read-only
+/// handle held a small file's body from its open on, so it went on reading the old
+/// contents, and what it read filled the kernel's page cache, which a relaxed file keeps
+/// across opens: a new open after the writer's close read the old contents too.
 fn a_change_through_one_handle_shows_through_the_others(m: &Mounted, root: &str) {
     fs::create_dir_all(m.path(root)).expect("mkdir");
     for read_before_close in [false, true] {
@@ -736,14 +734,20 @@ fn a_change_through_one_handle_shows_through_the_others(m: &Mounted, root: &str)
             .open(&p)
             .expect("open a writer");
         writer.write_all_at(&[b'b'; 4096], 0).expect("write");
+        let mut want = vec![b'b'; 4096];
+        want.extend_from_slice(&[b'a'; 4096]);
         if read_before_close {
+            // The kernel asks for the file's attributes again after the write, sees the
+            // writer's newer mtime and drops its pages: the read comes to the mount.
             reader
                 .read_exact_at(&mut buf, 0)
                 .expect("read before the close");
+            assert!(
+                buf == want,
+                "{root}: the reader sees the write before the close"
+            );
         }
         drop(writer);
-        let mut want = vec![b'b'; 4096];
-        want.extend_from_slice(&[b'a'; 4096]);
         reader
             .read_exact_at(&mut buf, 0)
             .expect("read after the close");

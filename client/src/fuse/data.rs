@@ -19,8 +19,9 @@
 //!   (close-to-open);
 //! - a change one handle commits shows through this mount's other handles of the file
 //!   from then on: they reopen their `File` at their next read, and the kernel drops the
-//!   pages it cached through them (`Shared::changed_under_others`); a read through another
-//!   handle before the writer's commit sees the contents as last committed;
+//!   pages it cached through them (`Shared::changed_under_others`); before the commit, a
+//!   read through another handle reads through the writer's (`OpenFile::read_uncommitted`),
+//!   so it sees the writes as a local file system shows them;
 //! - O_APPEND is the kernel's business: it passes append offsets in each write; O_TRUNC
 //!   comes with the open and truncates through its handle;
 //! - a write, truncate or O_TRUNC open by a caller that may not keep the file's set-ID
@@ -228,6 +229,23 @@ impl OpenFile {
         self.refresh(&mut g).await;
         let f = self.file(&mut g).await?;
         f.read_at(offset, u64::from(len)).await
+    }
+
+    /// Up to `len` bytes at `offset` as this handle's uncommitted writes make them, for a
+    /// read through another handle of the file (the mount's `read_through_writer`); `None`
+    /// once they are committed (the other handle's own read is then current).
+    pub async fn read_uncommitted(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> Result<Option<Vec<u8>>, TalonError> {
+        let mut g = self.file.lock().await;
+        match &mut *g {
+            Slot::Open(f) if f.is_dirty() => {
+                f.read_as_written(offset, u64::from(len)).await.map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Writes `data` at `offset`; returns the bytes taken. With `drop_setid` (a writer that

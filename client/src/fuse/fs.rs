@@ -505,6 +505,23 @@ impl Shared {
             .find(|f| f.writable && f.pending_size().is_some())
     }
 
+    /// A read through handle `f` while another handle of its file in this mount holds
+    /// writes not committed yet: answered through that one, so what this mount's processes
+    /// wrote shows at once to its other readers, as on a local file system (and the kernel
+    /// caches those contents, not the ones before the writes). `None` when there is no
+    /// such writer, or it committed meanwhile: `f`'s own read is current then.
+    async fn read_through_writer(
+        &self,
+        f: &Arc<OpenFile>,
+        offset: u64,
+        size: u32,
+    ) -> Result<Option<Vec<u8>>, TalonError> {
+        match self.dirty_writer(f.ino) {
+            Some(w) if !Arc::ptr_eq(&w, f) => w.read_uncommitted(offset, size).await,
+            _ => Ok(None),
+        }
+    }
+
     /// The class a new directory `name` in `parent` gets: strict when its path is one of
     /// the cluster's strict prefixes, else inherited (`None`).
     async fn mkdir_class(&self, parent: Ino, name: &[u8]) -> Option<Class> {
@@ -1045,7 +1062,13 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.read(offset, size).await {
+            let read = async {
+                match s.read_through_writer(&f, offset, size).await? {
+                    Some(bytes) => Ok(bytes),
+                    None => f.read(offset, size).await,
+                }
+            };
+            match read.await {
                 Ok(bytes) => reply.data(&bytes),
                 Err(e) => reply.error(errno("read", &e)),
             }
