@@ -722,10 +722,17 @@ fn relaxed_directories_show_this_mounts_changes_at_once() {
 /// across opens: a new open after the writer's close read the old contents too.
 fn a_change_through_one_handle_shows_through_the_others(m: &Mounted, root: &str) {
     fs::create_dir_all(m.path(root)).expect("mkdir");
-    for read_before_close in [false, true] {
-        let p = m.path(&format!("{root}/shared-{read_before_close}"));
+    // (read through the reader before the writer's close, the reader opened read-write)
+    for (read_before_close, reader_writes) in [(false, false), (true, false), (false, true)] {
+        let p = m.path(&format!(
+            "{root}/shared-{read_before_close}-{reader_writes}"
+        ));
         fs::write(&p, vec![b'a'; 8192]).expect("create");
-        let reader = File::open(&p).expect("open a reader");
+        let reader = OpenOptions::new()
+            .read(true)
+            .write(reader_writes)
+            .open(&p)
+            .expect("open a reader");
         let mut buf = vec![0u8; 8192];
         reader.read_exact_at(&mut buf, 0).expect("read");
         assert_eq!(buf, vec![b'a'; 8192]);

@@ -43,6 +43,8 @@ pub(crate) struct OpenFile {
     pub(crate) ino: Ino,
     /// Opened for writing (`O_WRONLY` or `O_RDWR`).
     pub(crate) writable: bool,
+    /// What the `File` is opened for (the kernel's open flags).
+    opts: OpenOptions,
     client: Client,
     file: Mutex<Slot>,
     /// Whether the `File` holds writes not yet committed, and the size they give it; read
@@ -93,10 +95,11 @@ fn open_options(flags: i32) -> OpenOptions {
 }
 
 impl OpenFile {
-    fn with_slot(client: &Client, ino: Ino, writable: bool, slot: Slot) -> OpenFile {
+    fn with_slot(client: &Client, ino: Ino, opts: OpenOptions, slot: Slot) -> OpenFile {
         OpenFile {
             ino,
-            writable,
+            writable: opts.write,
+            opts,
             client: client.clone(),
             file: Mutex::new(slot),
             dirty: AtomicBool::new(false),
@@ -122,12 +125,7 @@ impl OpenFile {
             Some(a) => client.open_created(a, opts).await?,
             None => client.open_ino(ino, opts).await?,
         };
-        Ok(OpenFile::with_slot(
-            client,
-            ino,
-            opts.write,
-            Slot::Open(file),
-        ))
+        Ok(OpenFile::with_slot(client, ino, opts, Slot::Open(file)))
     }
 
     /// A deferred open of `ino` (see the module docs), if `flags` allow one: read-only,
@@ -135,7 +133,7 @@ impl OpenFile {
     pub fn deferred(client: &Client, ino: Ino, flags: i32) -> Option<OpenFile> {
         let opts = open_options(flags);
         (!opts.write && flags & libc::O_TRUNC == 0)
-            .then(|| OpenFile::with_slot(client, ino, false, Slot::Deferred(opts)))
+            .then(|| OpenFile::with_slot(client, ino, opts, Slot::Deferred(opts)))
     }
 
     /// True when a flush of this handle has nothing to commit and nothing to wait for: a
@@ -193,31 +191,27 @@ impl OpenFile {
     }
 
     /// Tells this handle that another handle of the mount committed a change to its file.
-    /// A read-only handle's `File` holds a small file's body from its open on, so its next
-    /// read would serve the contents as they were, and fill the kernel's page cache with
-    /// them for every later open of this mount: its `File` is opened again first.
+    /// Its `File` holds a small file's body from its open on, so its next read would serve
+    /// the contents as they were, and fill the kernel's page cache with them for every
+    /// later open of this mount: its `File` is opened again first.
     pub fn mark_stale(&self) {
         self.stale.store(true, Ordering::Release);
     }
 
     /// Reopens the `File` in `slot` if [`OpenFile::mark_stale`] said so and the handle has
-    /// nothing of its own in it: it only reads, and the file is not held past its removal
-    /// (it could not be opened by number again). The reopen reads strictly, at the leader,
-    /// so it sees the change that made this handle stale. Should the reopen fail, the
-    /// handle keeps what it had, as before the change.
+    /// nothing of its own in it (no uncommitted writes), and the file is not held past its
+    /// removal (it could not be opened by number again). The reopen reads strictly, at the
+    /// leader, so it sees the change that made this handle stale. Should the reopen fail,
+    /// the handle keeps what it had, as before the change.
     async fn refresh(&self, slot: &mut Slot) {
-        if !self.stale.swap(false, Ordering::AcqRel)
-            || self.writable
-            || self.detached.load(Ordering::Acquire)
-        {
+        if !self.stale.swap(false, Ordering::AcqRel) || self.detached.load(Ordering::Acquire) {
             return;
         }
         let Slot::Open(f) = slot else { return };
         if f.is_dirty() {
             return;
         }
-        let opts = OpenOptions::read_only();
-        match self.client.open_ino(self.ino, opts).await {
+        match self.client.open_ino(self.ino, self.opts).await {
             Ok(fresh) => *slot = Slot::Open(fresh),
             Err(e) => tracing::debug!(ino = %self.ino, "reopen a stale handle: {e}"),
         }

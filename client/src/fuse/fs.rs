@@ -660,6 +660,20 @@ impl Shared {
         }
     }
 
+    /// The end of a flush, fsync or release of handle `fh` of `f` that committed what it
+    /// held (`commit`: whether there was anything): the file's other handles learn of it.
+    async fn committed(
+        &self,
+        f: &OpenFile,
+        fh: u64,
+        commit: Result<bool, TalonError>,
+    ) -> Result<(), TalonError> {
+        if commit? {
+            self.changed_under_others(f.ino, Some(fh)).await;
+        }
+        Ok(())
+    }
+
     fn forget_handle(&self, fh: u64) -> Option<Arc<OpenFile>> {
         let f = self.files.remove(fh)?;
         if let Some(mut fhs) = self.open_inos.get_mut(&f.ino) {
@@ -1119,13 +1133,8 @@ impl Filesystem for TalonFs {
             return reply.ok();
         }
         self.spawn(move |s| async move {
-            match f.flush().await {
-                Ok(changed) => {
-                    if changed {
-                        s.changed_under_others(f.ino, Some(fh.0)).await;
-                    }
-                    reply.ok()
-                }
+            match s.committed(&f, fh.0, f.flush().await).await {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("flush", &e)),
             }
         });
@@ -1149,13 +1158,8 @@ impl Filesystem for TalonFs {
             let Some(f) = s.forget_handle(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.close().await {
-                Ok(changed) => {
-                    if changed {
-                        s.changed_under_others(f.ino, Some(fh.0)).await;
-                    }
-                    reply.ok()
-                }
+            match s.committed(&f, fh.0, f.close().await).await {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("release", &e)),
             }
         });
@@ -1173,13 +1177,8 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match f.fsync().await {
-                Ok(changed) => {
-                    if changed {
-                        s.changed_under_others(f.ino, Some(fh.0)).await;
-                    }
-                    reply.ok()
-                }
+            match s.committed(&f, fh.0, f.fsync().await).await {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno("fsync", &e)),
             }
         });
