@@ -912,9 +912,9 @@ impl File {
         self.core().await?.read_at(offset, len).await
     }
 
-    /// As [`File::read_at`], for a File opened only to write: the contents as its
-    /// uncommitted writes make them, for another reader of the same client that must see
-    /// them (the mount's other handles of the file).
+    /// As [`File::read_at`], whatever the File was opened for (write-only too): the
+    /// contents as its uncommitted writes make them, for another reader of the same client
+    /// that must see them (the mount's other handles of the file).
     pub(crate) async fn read_as_written(
         &mut self,
         offset: u64,

@@ -41,8 +41,6 @@ use tokio::sync::Mutex;
 /// One open regular file of the mount.
 pub(crate) struct OpenFile {
     pub(crate) ino: Ino,
-    /// Opened for writing (`O_WRONLY` or `O_RDWR`).
-    pub(crate) writable: bool,
     /// What the `File` is opened for (the kernel's open flags).
     opts: OpenOptions,
     client: Client,
@@ -98,7 +96,6 @@ impl OpenFile {
     fn with_slot(client: &Client, ino: Ino, opts: OpenOptions, slot: Slot) -> OpenFile {
         OpenFile {
             ino,
-            writable: opts.write,
             opts,
             client: client.clone(),
             file: Mutex::new(slot),
@@ -134,6 +131,11 @@ impl OpenFile {
         let opts = open_options(flags);
         (!opts.write && flags & libc::O_TRUNC == 0)
             .then(|| OpenFile::with_slot(client, ino, opts, Slot::Deferred(opts)))
+    }
+
+    /// Opened for writing (`O_WRONLY` or `O_RDWR`).
+    pub fn writable(&self) -> bool {
+        self.opts.write
     }
 
     /// True when a flush of this handle has nothing to commit and nothing to wait for: a

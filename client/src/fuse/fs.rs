@@ -502,7 +502,7 @@ impl Shared {
         let fhs = self.open_inos.get(&i)?;
         fhs.iter()
             .filter_map(|fh| self.files.get(*fh))
-            .find(|f| f.writable && f.pending_size().is_some())
+            .find(|f| f.writable() && f.pending_size().is_some())
     }
 
     /// A read through handle `f` while another handle of its file in this mount holds
@@ -578,8 +578,12 @@ impl Shared {
             return Ok(());
         }
         match self.files.get(fh) {
-            Some(f) if f.writable => f.set_len(0, drop_setid).await,
-            _ => data::truncate(&self.client, a.ino, 0, drop_setid).await,
+            Some(f) if f.writable() => f.set_len(0, drop_setid).await,
+            _ => {
+                data::truncate(&self.client, a.ino, 0, drop_setid).await?;
+                self.changed_under_others(a.ino, Some(fh)).await;
+                Ok(())
+            }
         }
     }
 
