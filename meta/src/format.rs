@@ -37,28 +37,7 @@ pub const FORMAT_KEY: &[u8] = b"\x00talon-format";
 /// the fields after it are written).
 pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
     let size = postcard::experimental::serialized_size(v)?;
-    postcard::serialize_with_flavor(v, Presized(Vec::with_capacity(size)))
-}
-
-/// postcard's output into a vector given its room beforehand.
-struct Presized(Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Presized {
-    type Output = Vec<u8>;
-
-    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.push(data);
-        Ok(())
-    }
-
-    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(data);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<Vec<u8>> {
-        Ok(self.0)
-    }
+    postcard::to_io(v, Vec::with_capacity(size))
 }
 
 /// Decodes a value written in the current format. Every byte must belong to the value: a
