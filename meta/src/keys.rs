@@ -280,6 +280,8 @@ pub mod meta {
     pub const CLUSTER_MAP: &[u8] = b"Mcluster_map";
     /// Logical bytes of bodies and chunks held.
     pub const BYTES: &[u8] = b"Mbytes";
+    /// The counters: what nearly every command reads and writes back (`resident.rs`).
+    pub const COUNTERS: [&[u8]; 5] = [NEXT_INO, INODES, ENTRIES, BYTES, EPOCH];
 }
 
 /// Decodes a big-endian ino from 8 bytes at `at`.

@@ -11,6 +11,7 @@
 //! - `records`: the values stored under those keys, their encoding, `Fatal`.
 //! - `kv`: the key-value seam under a view: RocksDB, a snapshot, or a map in memory.
 //! - `view`: a partition's state as a command or read sees it (store plus staged writes).
+//! - `resident`: a partition's counters and locks, kept in memory by its state machine.
 //! - `apply`: deterministic application of commands (preconditions, locks, mutations).
 //! - `sm`: the per-partition state machine on RocksDB, with checkpoint snapshots.
 //! - `archive`: a checkpoint's files packed into one stream, with bounded memory.
@@ -61,6 +62,7 @@ pub mod raft_log;
 pub mod reads;
 pub mod records;
 pub mod rename;
+pub mod resident;
 pub mod server;
 pub mod service;
 pub mod sm;

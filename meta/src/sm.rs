@@ -20,6 +20,7 @@ use crate::keys::{self, meta};
 use crate::kv::Overlay;
 use crate::raft_log::SnapshotMark;
 use crate::records::{dec, enc, storage_error, Fatal, InodeRec};
+use crate::resident::Resident;
 use crate::types::{CommandResult, NodeId, StorageError, TypeConfig};
 use crate::view::View;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
@@ -476,9 +477,20 @@ struct StoredSnapshot {
 pub struct PartitionSm {
     store: Arc<SmStore>,
     applier: Applier,
+    /// The live instance's counters and locks, which its commands read.
+    resident: Resident,
     /// The file a snapshot is being received into, from `begin_receiving_snapshot`.
     receiving: Option<PathBuf>,
 }
+
+/// What applying a run of entries staged: the writes, each entry's result, the last
+/// entry's id and the last membership among them.
+type Staged = (
+    Overlay,
+    Vec<CommandResult>,
+    Option<LogId<NodeId>>,
+    Option<Membership>,
+);
 
 impl PartitionSm {
     /// Wraps a store.
@@ -489,8 +501,48 @@ impl PartitionSm {
         PartitionSm {
             store,
             applier,
+            resident: Resident::default(),
             receiving: None,
         }
+    }
+
+    /// Applies `entries` to the live instance `db` as the staged writes of one batch,
+    /// reading the resident keys from memory.
+    fn stage(
+        &mut self,
+        db: &DB,
+        entries: impl IntoIterator<Item = openraft::Entry<TypeConfig>>,
+    ) -> Result<Staged, StorageError> {
+        let kv = self
+            .resident
+            .over(db)
+            .map_err(|e| fatal(ErrorVerb::Read, e))?;
+        let mut overlay = Overlay::new();
+        let mut results = Vec::new();
+        let mut last: Option<LogId<NodeId>> = None;
+        let mut membership: Option<Membership> = None;
+        for entry in entries {
+            let log_id = *entry.get_log_id();
+            last = Some(log_id);
+            let res = match &entry.payload {
+                EntryPayload::Blank => CommandResult::None,
+                EntryPayload::Normal(cmd) => {
+                    crate::fail_point!(
+                        "txn-finish-apply",
+                        if matches!(cmd, crate::types::Command::Finish { commit: true, .. })
+                    );
+                    self.applier
+                        .apply(&kv, &mut overlay, cmd)
+                        .map_err(|e| fatal(ErrorVerb::Write, e))?
+                }
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                    CommandResult::None
+                }
+            };
+            results.push(res);
+        }
+        Ok((overlay, results, last, membership))
     }
 }
 
@@ -673,31 +725,7 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         I::IntoIter: Send,
     {
         let db = self.store.db();
-        let mut overlay = Overlay::new();
-        let mut results = Vec::new();
-        let mut last: Option<LogId<NodeId>> = None;
-        let mut membership: Option<Membership> = None;
-        for entry in entries {
-            let log_id = *entry.get_log_id();
-            last = Some(log_id);
-            let res = match &entry.payload {
-                EntryPayload::Blank => CommandResult::None,
-                EntryPayload::Normal(cmd) => {
-                    crate::fail_point!(
-                        "txn-finish-apply",
-                        if matches!(cmd, crate::types::Command::Finish { commit: true, .. })
-                    );
-                    self.applier
-                        .apply(&*db, &mut overlay, cmd)
-                        .map_err(|e| fatal(ErrorVerb::Write, e))?
-                }
-                EntryPayload::Membership(m) => {
-                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
-                    CommandResult::None
-                }
-            };
-            results.push(res);
-        }
+        let (overlay, results, last, membership) = self.stage(&db, entries)?;
         let Some(last) = last else { return Ok(results) };
         let (mut bodies, mut chunks) = (0, 0);
         let mut bytes = 0;
@@ -749,9 +777,14 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
             db.write_opt(batch, &wo)
         };
         let what = format!("partition {}'s store", self.store.partition);
-        crate::space::Gate::write_waiting(self.store.space.get(), what, write)
-            .await
-            .map_err(|e| io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e))?;
+        let written = crate::space::Gate::write_waiting(self.store.space.get(), what, write).await;
+        match written {
+            Ok(()) => self.resident.written(&overlay),
+            Err(e) => {
+                self.resident.forget();
+                return Err(io_err(ErrorSubject::Apply(last), ErrorVerb::Write, e));
+            }
+        }
         Ok(results)
     }
 
@@ -774,6 +807,8 @@ impl RaftStateMachine<TypeConfig> for PartitionSm {
         snapshot: Box<crate::archive::Stream>,
     ) -> Result<(), StorageError> {
         let werr = |e: std::io::Error| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e);
+        // The resident keys to come are the new instance's.
+        self.resident.forget();
         let file = match *snapshot {
             crate::archive::Stream::File(f) => f,
             // A stored snapshot handed over whole: received into a file first, as a sent
@@ -1411,6 +1446,52 @@ mod tests {
         assert_eq!(data_files(b_dir.path()), kept);
         assert_eq!(b.snapshot_mark().get(), Some(at));
         assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body));
+    }
+
+    /// The counters a replica's commands read are its live instance's: after a snapshot is
+    /// installed, the next command moves on from the snapshot's values, not from the ones
+    /// the replica had applied before.
+    #[tokio::test]
+    async fn commands_after_an_installed_snapshot_read_its_counters() {
+        let (a_dir, b_dir) = (
+            tempfile::tempdir().expect("temp dir"),
+            tempfile::tempdir().expect("temp dir"),
+        );
+        let bump = |index: u64| openraft::Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), index),
+            payload: EntryPayload::Normal(crate::types::Command::Atomic(vec![
+                crate::types::Op::BumpEpoch(0),
+            ])),
+        };
+        let epoch = |store: &SmStore| {
+            let b = store
+                .db()
+                .get(meta::EPOCH)
+                .expect("read")
+                .expect("an epoch");
+            u64::from_le_bytes(b.try_into().expect("eight bytes"))
+        };
+        let a = SmStore::open(a_dir.path(), 3, b"").expect("open a");
+        let at = LogId::new(CommittedLeaderId::new(3, 1), 40);
+        a.db()
+            .put(meta::EPOCH, 10u64.to_le_bytes())
+            .expect("write the epoch");
+        a.db().put(meta::APPLIED, enc(&at)).expect("write applied");
+        let mut built = build_snapshot(&a).expect("build");
+
+        let b = SmStore::open(b_dir.path(), 3, b"").expect("open b");
+        let mut sm = PartitionSm::new(b.clone());
+        sm.apply(vec![bump(1), bump(2)]).await.expect("apply");
+        assert_eq!(epoch(&b), 3);
+        let mut incoming = sm.begin_receiving_snapshot().await.expect("begin");
+        tokio::io::copy(&mut built.snapshot, &mut *incoming)
+            .await
+            .expect("send");
+        sm.install_snapshot(&built.meta, incoming)
+            .await
+            .expect("install");
+        sm.apply(vec![bump(41)]).await.expect("apply");
+        assert_eq!(epoch(&b), 11);
     }
 
     /// A follower may still be receiving a snapshot when a newer one is built: the older
