@@ -1380,6 +1380,17 @@ mod tests {
         );
     }
 
+    /// Sends `built` to the replica of `sm` as a follower receives it, and installs it.
+    async fn send_and_install(built: &mut Snapshot<TypeConfig>, sm: &mut PartitionSm) {
+        let mut incoming = sm.begin_receiving_snapshot().await.expect("begin");
+        tokio::io::copy(&mut built.snapshot, &mut *incoming)
+            .await
+            .expect("send");
+        sm.install_snapshot(&built.meta, incoming)
+            .await
+            .expect("install");
+    }
+
     /// A snapshot goes from one replica to another as files: built as a checkpoint that
     /// shares the live instance's files (no copy of the data), sent as its pack, received
     /// into a file, unpacked and swapped in; the receiver keeps a checkpoint of its own as
@@ -1419,13 +1430,7 @@ mod tests {
 
         let b = SmStore::open(b_dir.path(), 3, b"").expect("open b");
         let mut sm = PartitionSm::new(b.clone());
-        let mut incoming = sm.begin_receiving_snapshot().await.expect("begin");
-        tokio::io::copy(&mut built.snapshot, &mut *incoming)
-            .await
-            .expect("send");
-        sm.install_snapshot(&built.meta, incoming)
-            .await
-            .expect("install");
+        send_and_install(&mut built, &mut sm).await;
         assert_eq!(b.db().get(b"Bsome-body").expect("read"), Some(body.clone()));
         assert_eq!(b.snapshot_mark().get(), Some(at));
         let kept = data_files(b_dir.path());
@@ -1483,13 +1488,7 @@ mod tests {
         let mut sm = PartitionSm::new(b.clone());
         sm.apply(vec![bump(1), bump(2)]).await.expect("apply");
         assert_eq!(epoch(&b), 3);
-        let mut incoming = sm.begin_receiving_snapshot().await.expect("begin");
-        tokio::io::copy(&mut built.snapshot, &mut *incoming)
-            .await
-            .expect("send");
-        sm.install_snapshot(&built.meta, incoming)
-            .await
-            .expect("install");
+        send_and_install(&mut built, &mut sm).await;
         sm.apply(vec![bump(41)]).await.expect("apply");
         assert_eq!(epoch(&b), 11);
     }
