@@ -19,6 +19,7 @@
 use crate::keys::{meta::COUNTERS, tag};
 use crate::kv::{Kv, Overlay};
 use crate::records::Fatal;
+use crate::view::View;
 use std::collections::BTreeMap;
 
 /// The resident keys of one store instance, once loaded.
@@ -47,17 +48,11 @@ impl Known {
         for (slot, k) in counters.iter_mut().zip(COUNTERS) {
             *slot = kv.get(k)?;
         }
-        let mut keys = Vec::new();
-        kv.scan_keys(&[tag::LOCK], &mut |k| {
-            let lock = is_lock(k);
-            if lock {
-                keys.push(k.to_vec());
-            }
-            lock
-        })?;
+        let none = Overlay::new();
+        let store = View::new(kv, &none);
         let mut locks = BTreeMap::new();
-        for k in keys {
-            if let Some(v) = kv.get(&k)? {
+        for k in store.keys_with_prefix(&[tag::LOCK])? {
+            if let Some(v) = store.get(&k)? {
                 locks.insert(k, v);
             }
         }
