@@ -3,6 +3,7 @@
 
 use crate::imagenet::{self, ImagenetArgs};
 use crate::mdtest::{self, MdtestArgs};
+use crate::memfs::{self, MemfsArgs};
 use crate::records::{self, RecordsArgs};
 use crate::traverse::{self, TraverseArgs};
 use anyhow::Context;
@@ -31,6 +32,9 @@ pub enum Command {
     /// Write a few large shards, then read small records at random offsets of them, as a
     /// language model's data loader reads a tokenized dataset.
     Records(RecordsArgs),
+    /// Mount an in-memory file system through FUSE with the options of Talon's mount, and
+    /// serve it until interrupted: the ceiling of a FUSE file system on this machine.
+    Memfs(MemfsArgs),
 }
 
 /// Runs the workload the command line names; fails if any operation failed.
@@ -56,6 +60,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             emit(&report, &report.table(), args.json.as_deref())?;
             anyhow::ensure!(report.errors == 0, "{} operations failed", report.errors);
         }
+        Command::Memfs(args) => memfs::run(&args)?,
     }
     Ok(())
 }

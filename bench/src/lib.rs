@@ -6,7 +6,10 @@
 //!   batch every T ms;
 //! - [`traverse`]: a deep tree whose leaf files are opened and read in random order;
 //! - [`records`]: small records read at random offsets of a few large shards, as a
-//!   language model's data loader reads a tokenized dataset.
+//!   language model's data loader reads a tokenized dataset;
+//! - [`memfs`]: not a workload but a target to run them on: an in-memory file system
+//!   mounted through FUSE with the options of Talon's mount, the ceiling of any FUSE file
+//!   system so mounted on the machine.
 //!
 //! Every workload runs over a [`target`]: any mounted path (`posix:PATH`: Talon's FUSE
 //! mount, tmpfs, ext4, another FUSE file system) or a Talon cluster through the embedded
@@ -18,6 +21,7 @@ pub mod cli;
 pub mod epoch;
 pub mod imagenet;
 pub mod mdtest;
+pub mod memfs;
 pub mod records;
 pub mod stats;
 pub mod target;

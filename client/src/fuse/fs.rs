@@ -214,7 +214,7 @@ impl TalonFs {
 /// nothing to commit at close, so the kernel is told not to send its FLUSH
 /// (`FOPEN_NOFLUSH`; this mount keeps no POSIX locks that a flush would release): one
 /// request fewer for every read of a file.
-fn open_flags(class: Class, flags: i32) -> FopenFlags {
+pub fn open_flags(class: Class, flags: i32) -> FopenFlags {
     let mut f = match class {
         Class::Relaxed => FopenFlags::FOPEN_KEEP_CACHE,
         Class::Strict => FopenFlags::empty(),
@@ -709,36 +709,45 @@ impl Shared {
     }
 }
 
+/// Asks the kernel at INIT for what every Talon mount uses: READDIRPLUS, automatic
+/// invalidation of cached pages whose file changed, parallel directory operations,
+/// asynchronous and big requests, O_TRUNC and the set-ID bits left to the mount, 1 MiB
+/// writes and read-ahead, and up to 256 requests in the background. A capability the
+/// kernel lacks is left out.
+pub fn negotiate(config: &mut KernelConfig) {
+    for cap in [
+        InitFlags::FUSE_DO_READDIRPLUS,
+        InitFlags::FUSE_READDIRPLUS_AUTO,
+        InitFlags::FUSE_AUTO_INVAL_DATA,
+        InitFlags::FUSE_PARALLEL_DIROPS,
+        InitFlags::FUSE_ASYNC_READ,
+        InitFlags::FUSE_BIG_WRITES,
+        // O_TRUNC comes with the OPEN and is applied through the handle it opens (see
+        // `open`): without it the kernel sends a SETATTR of size 0 without a handle
+        // after the open, which could reach another writer's handle of the file,
+        // one that its release was closing (EBADF at the truncating open's close).
+        InitFlags::FUSE_ATOMIC_O_TRUNC,
+        // The set-ID bits and `security.capability` a write, a truncate or a chown must
+        // clear are cleared by the cluster, with the change (see `caller_drops_setid`):
+        // without it the kernel asks for `security.capability` before every write(2),
+        // a request to the cluster for each one to a file this mount has not just made;
+        // with it, before the first write to a file it holds.
+        InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+    ] {
+        if config.add_capabilities(cap).is_err() {
+            tracing::debug!("kernel lacks FUSE capability {cap:?}");
+        }
+    }
+    // Big requests: a 110 KB image is one read and one write.
+    let _ = config.set_max_write(1 << 20);
+    let _ = config.set_max_readahead(MAX_READAHEAD);
+    let _ = config.set_max_background(256);
+    let _ = config.set_congestion_threshold(192);
+}
+
 impl Filesystem for TalonFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        for cap in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
-            InitFlags::FUSE_AUTO_INVAL_DATA,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_ASYNC_READ,
-            InitFlags::FUSE_BIG_WRITES,
-            // O_TRUNC comes with the OPEN and is applied through the handle it opens (see
-            // `open`): without it the kernel sends a SETATTR of size 0 without a handle
-            // after the open, which could reach another writer's handle of the file,
-            // one that its release was closing (EBADF at the truncating open's close).
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-            // The set-ID bits and `security.capability` a write, a truncate or a chown must
-            // clear are cleared by the cluster, with the change (see `caller_drops_setid`):
-            // without it the kernel asks for `security.capability` before every write(2),
-            // a request to the cluster for each one to a file this mount has not just made;
-            // with it, before the first write to a file it holds.
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                tracing::debug!("kernel lacks FUSE capability {cap:?}");
-            }
-        }
-        // Big requests: a 110 KB image is one read and one write.
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(MAX_READAHEAD);
-        let _ = config.set_max_background(256);
-        let _ = config.set_congestion_threshold(192);
+        negotiate(config);
         Ok(())
     }
 

@@ -18,7 +18,7 @@ pub mod data;
 pub mod fs;
 pub mod handles;
 
-pub use fs::{TalonFs, CLASS_XATTR};
+pub use fs::{negotiate, TalonFs, CLASS_XATTR};
 
 use crate::client::Client;
 use std::path::{Path, PathBuf};
@@ -138,12 +138,34 @@ fn entry_in(table: &str, want: &str) -> Option<(String, String)> {
     })
 }
 
+/// The mount options and session threads of a mount named `name`: `default_permissions`,
+/// devices and set-ID bits honoured, `allow_other` as asked, `threads` session threads
+/// reading the kernel's requests (each on its own clone of the device when there are
+/// several). Every Talon mount is made with it; `talon-bench memfs` too, so that its
+/// ceiling is measured with the same options.
+pub fn session_config(name: &str, allow_other: bool, threads: usize) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(name.into()),
+        fuser::MountOption::Subtype(name.into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::Dev,
+        fuser::MountOption::Suid,
+    ];
+    if allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(threads.max(1));
+    config.clone_fd = threads > 1;
+    config
+}
+
 /// Gives the mount the read-ahead it offers the kernel at INIT ([`fs::MAX_READAHEAD`]).
 /// The kernel takes the smaller of that and its device's `read_ahead_kb`, 128 KiB unless
 /// set, so a sequential reader of a large file (a checkpoint loaded at a job's start) would
 /// be sent 128 KiB reads; 1 MiB ones cost a quarter of the requests. The setting is the
 /// device's, in sysfs, which only root may write: otherwise the kernel's default stays.
-fn widen_readahead(mountpoint: &Path) {
+pub fn widen_readahead(mountpoint: &Path) {
     let Some((dev, _)) = mount_entry(mountpoint) else {
         tracing::debug!(mountpoint = %mountpoint.display(), "not in the mount table");
         return;
@@ -198,19 +220,7 @@ impl Mount {
             .unwrap_or(client.cluster_map().relaxed_staleness);
         let fs = TalonFs::new(client, rt, ttl);
         let shared = fs.shared();
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            fuser::MountOption::FSName("talon".into()),
-            fuser::MountOption::Subtype("talon".into()),
-            fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::Dev,
-            fuser::MountOption::Suid,
-        ];
-        if opts.allow_other {
-            config.acl = fuser::SessionACL::All;
-        }
-        config.n_threads = Some(opts.threads.max(1));
-        config.clone_fd = opts.threads > 1;
+        let config = session_config("talon", opts.allow_other, opts.threads);
         let session = fuser::spawn_mount(fs, &mountpoint, &config)
             .map_err(|e| MountError::Fuse(mountpoint.clone(), e))?;
         shared.set_notifier(session.notifier());
