@@ -92,6 +92,9 @@ const ROOT: u64 = 1;
 const BLOCK: u32 = 4096;
 /// The longest name, as on Talon and most local file systems.
 const NAME_MAX: usize = 255;
+/// The largest file: memory is taken for every byte up to the end, so a write or truncate
+/// far past it is EFBIG rather than an allocation the machine cannot make.
+const MAX_FILE: u64 = 4 << 30;
 
 /// One file or directory.
 struct Node {
@@ -138,6 +141,9 @@ fn new_attr(ino: u64, kind: FileType, perm: u16, uid: u32, gid: u32) -> FileAttr
 }
 
 fn set_size(n: &mut Node, size: u64) -> Result<(), Errno> {
+    if size > MAX_FILE {
+        return Err(Errno::EFBIG);
+    }
     let len = usize::try_from(size).map_err(|_| Errno::EFBIG)?;
     n.data.resize(len, 0);
     n.attr.size = size;
@@ -271,7 +277,8 @@ impl Tree {
     }
 
     /// The entries of directory `ino` from `offset` on, each with the offset of the next:
-    /// ".", "..", then the names in order.
+    /// ".", "..", then the names in order. Both dots carry the directory's own number: the
+    /// kernel takes neither from a listing.
     fn list(&self, ino: u64, offset: u64) -> Result<Vec<(u64, u64, OsString)>, Errno> {
         let d = self.dir(ino)?;
         let dots = [(ino, OsString::from(".")), (ino, OsString::from(".."))];
@@ -283,6 +290,23 @@ impl Tree {
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .map(|(i, (ino, name))| (ino, i as u64 + 1, name))
             .collect())
+    }
+
+    /// Calls `add` with each entry of directory `ino` from `offset` on (its inode number,
+    /// the offset of the next, its name and attributes) until `add` says the reply is full.
+    fn each_entry(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, &OsStr, &FileAttr) -> bool,
+    ) -> Result<(), Errno> {
+        for (i, next, name) in self.list(ino, offset)? {
+            let Ok(n) = self.node(i) else { continue };
+            if add(i, next, &name, &n.attr) {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -406,8 +430,9 @@ impl Filesystem for MemFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        // The kernel creates regular files only; ENOSYS would make it stop sending CREATE.
         if mode & libc::S_IFMT != libc::S_IFREG {
-            return reply.error(Errno::ENOSYS);
+            return reply.error(Errno::EINVAL);
         }
         let perm = (mode & !umask & 0o7777) as u16;
         let owner = (req.uid(), req.gid());
@@ -534,17 +559,11 @@ impl Filesystem for MemFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let t = self.tree();
-        match t.list(ino.0, offset) {
-            Ok(list) => {
-                for (i, next, name) in list {
-                    let kind = t.node(i).map_or(FileType::RegularFile, |n| n.attr.kind);
-                    if reply.add(INodeNo(i), next, kind, &name) {
-                        break;
-                    }
-                }
-                reply.ok()
-            }
+        let listed = self.tree().each_entry(ino.0, offset, |i, next, name, a| {
+            reply.add(INodeNo(i), next, a.kind, name)
+        });
+        match listed {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -557,17 +576,11 @@ impl Filesystem for MemFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let t = self.tree();
-        match t.list(ino.0, offset) {
-            Ok(list) => {
-                for (i, next, name) in list {
-                    let Ok(n) = t.node(i) else { continue };
-                    if reply.add(INodeNo(i), next, &name, &self.ttl, &n.attr, Generation(0)) {
-                        break;
-                    }
-                }
-                reply.ok()
-            }
+        let listed = self.tree().each_entry(ino.0, offset, |i, next, name, a| {
+            reply.add(INodeNo(i), next, name, &self.ttl, a, Generation(0))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -665,6 +678,7 @@ mod tests {
                 .map(|_| ()),
             Err(Errno::ENAMETOOLONG)
         );
+        assert_eq!(t.write(f.ino.0, MAX_FILE, b"a"), Err(Errno::EFBIG));
         assert_eq!(t.write(f.ino.0, 3, b"abc"), Ok(3));
         assert_eq!(t.read(f.ino.0, 0, 100), Ok(&b"\0\0\0abc"[..]));
         assert_eq!(t.read(f.ino.0, 10, 100), Ok(&b""[..]));
