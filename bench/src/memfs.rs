@@ -1,8 +1,8 @@
 //! `talon-bench memfs`: a file system held in this process's memory and served through
 //! FUSE as Talon's mount is served: the same mount options and session threads
 //! ([`talon_client::fuse::session_config`]), the same capabilities, write size and
-//! read-ahead asked of the kernel ([`talon_client::fuse::negotiate`]), the same open flags
-//! and TTLs as a relaxed directory of a Talon mount. It answers every request at once, in
+//! read-ahead asked of the kernel ([`talon_client::fuse::negotiate`]), the same open flags,
+//! TTLs and cached negative entries as a relaxed directory of a Talon mount. It answers every request at once, in
 //! the session thread that read it: no network, no disk, nothing made durable.
 //!
 //! What a workload reaches through it is the ceiling of a FUSE file system mounted that
@@ -12,8 +12,9 @@
 //!
 //! It is an instrument, not a place to keep data: everything is gone at unmount. It has
 //! directories and regular files only (no links, special files or renames: ENOSYS), no
-//! extended attributes (none are found, none can be set), and one lock around the whole
-//! tree.
+//! extended attributes (none are found, none can be set), no clearing of set-ID bits at a
+//! write (the capability it shares with the mount leaves that to the file system, and
+//! memfs does not do it), and one lock around the whole tree.
 
 use anyhow::Context;
 use clap::Args;
@@ -342,6 +343,12 @@ impl Filesystem for MemFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.tree().lookup(parent.0, name) {
             Ok(a) => reply.entry(&self.ttl, &a, Generation(0)),
+            // As a relaxed directory of Talon's mount answers it: "no such name" cached.
+            Err(Errno::ENOENT) => reply.entry(
+                &self.ttl,
+                &talon_client::fuse::convert::negative_entry(),
+                Generation(0),
+            ),
             Err(e) => reply.error(e),
         }
     }

@@ -110,7 +110,7 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
 }
 
 /// The answer to a lookup that caches "no such name" for its TTL: node id 0.
-pub(crate) fn negative_entry() -> FileAttr {
+pub fn negative_entry() -> FileAttr {
     FileAttr {
         ino: INodeNo(0),
         size: 0,
