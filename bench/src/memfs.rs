@@ -1,8 +1,9 @@
 //! `talon-bench memfs`: a file system held in this process's memory and served through
-//! FUSE as Talon's mount is served: the same mount options and session threads
-//! ([`talon_client::fuse::session_config`]), the same capabilities, write size and
-//! read-ahead asked of the kernel ([`talon_client::fuse::negotiate`]), the same open flags,
-//! TTLs and cached negative entries as a relaxed directory of a Talon mount. It answers every request at once, in
+//! FUSE as Talon's mount is served: mounted and unmounted by the mount's own code
+//! ([`talon_client::fuse::Mount::start_fs`], so with its mount options and session
+//! threads), the same capabilities, write size and read-ahead asked of the kernel
+//! ([`talon_client::fuse::negotiate`]), the same open flags, TTLs and cached negative
+//! entries as a relaxed directory of a Talon mount. It answers every request at once, in
 //! the session thread that read it: no network, no disk, nothing made durable.
 //!
 //! What a workload reaches through it is the ceiling of a FUSE file system mounted that
@@ -16,7 +17,6 @@
 //! write (the capability it shares with the mount leaves that to the file system, and
 //! memfs does not do it), and one lock around the whole tree.
 
-use anyhow::Context;
 use clap::Args;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, KernelConfig,
@@ -29,6 +29,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
+use talon_client::fuse::{Mount, MountOptions};
 use talon_model::Class;
 
 /// `talon-bench memfs` flags.
@@ -53,36 +54,16 @@ pub fn run(args: &MemfsArgs) -> anyhow::Result<()> {
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw(),
     );
-    let config = talon_client::fuse::session_config(
-        "memfs",
-        talon_client::fuse::running_as_root(),
-        args.threads,
-    );
-    let session = fuser::spawn_mount(fs, &args.mountpoint, &config)
-        .with_context(|| format!("mount at {}", args.mountpoint.display()))?;
-    talon_client::fuse::widen_readahead(&args.mountpoint);
-    eprintln!("memfs: mounted at {}", args.mountpoint.display());
+    let opts = MountOptions {
+        threads: args.threads,
+        ..MountOptions::new(&args.mountpoint)
+    };
+    let mount = Mount::start_fs(fs, "memfs", &opts, |_| {})?;
+    eprintln!("memfs: mounted at {}", mount.mountpoint().display());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
-                _ = term.recv() => break,
-                _ = tick.tick() => if session.guard.is_finished() { break },
-            }
-        }
-        anyhow::Ok(())
-    })?;
-    let r = if session.guard.is_finished() {
-        session.join()
-    } else {
-        session.umount_and_join()
-    };
-    r.with_context(|| format!("unmount {}", args.mountpoint.display()))?;
+    rt.block_on(mount.serve_until(talon_client::fuse::shutdown_signal()))?;
     eprintln!("memfs: unmounted");
     Ok(())
 }
@@ -277,33 +258,23 @@ impl Tree {
         Ok(len)
     }
 
-    /// The entries of directory `ino` from `offset` on, each with the offset of the next:
-    /// ".", "..", then the names in order. Both dots carry the directory's own number: the
-    /// kernel takes neither from a listing.
-    fn list(&self, ino: u64, offset: u64) -> Result<Vec<(u64, u64, OsString)>, Errno> {
-        let d = self.dir(ino)?;
-        let dots = [(ino, OsString::from(".")), (ino, OsString::from(".."))];
-        let names = d.entries.iter().map(|(name, &i)| (i, name.clone()));
-        Ok(dots
-            .into_iter()
-            .chain(names)
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
-            .map(|(i, (ino, name))| (ino, i as u64 + 1, name))
-            .collect())
-    }
-
-    /// Calls `add` with each entry of directory `ino` from `offset` on (its inode number,
-    /// the offset of the next, its name and attributes) until `add` says the reply is full.
+    /// Calls `add` with each entry of directory `ino` from `offset` on, until `add` says the
+    /// reply is full: its inode number, the offset of the next, its name and attributes.
+    /// ".", "..", then the names in order; both dots carry the directory's own number and
+    /// attributes: the kernel takes neither from a listing.
     fn each_entry(
         &self,
         ino: u64,
         offset: u64,
         mut add: impl FnMut(u64, u64, &OsStr, &FileAttr) -> bool,
     ) -> Result<(), Errno> {
-        for (i, next, name) in self.list(ino, offset)? {
+        let d = self.dir(ino)?;
+        let dots = [(OsStr::new("."), ino), (OsStr::new(".."), ino)];
+        let names = d.entries.iter().map(|(name, &i)| (name.as_os_str(), i));
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (at, (name, i)) in dots.into_iter().chain(names).enumerate().skip(from) {
             let Ok(n) = self.node(i) else { continue };
-            if add(i, next, &name, &n.attr) {
+            if add(i, at as u64 + 1, name, &n.attr) {
                 break;
             }
         }
@@ -331,6 +302,22 @@ impl MemFs {
 
     fn tree(&self) -> MutexGuard<'_, Tree> {
         self.tree.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `name` in `parent` for the caller of `req`, with the permission bits of `mode`:
+    /// a directory, or a regular file opened once (the handle a CREATE answers with).
+    fn make(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: FileType,
+        mode: u32,
+    ) -> Result<FileAttr, Errno> {
+        let perm = (mode & 0o7777) as u16;
+        let open = kind == FileType::RegularFile;
+        self.tree()
+            .make(parent.0, name, kind, perm, (req.uid(), req.gid()), open)
     }
 }
 
@@ -416,12 +403,7 @@ impl Filesystem for MemFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let perm = (mode & !umask & 0o7777) as u16;
-        let owner = (req.uid(), req.gid());
-        match self
-            .tree()
-            .make(parent.0, name, FileType::Directory, perm, owner, false)
-        {
+        match self.make(req, parent, name, FileType::Directory, mode & !umask) {
             Ok(a) => reply.entry(&self.ttl, &a, Generation(0)),
             Err(e) => reply.error(e),
         }
@@ -441,12 +423,7 @@ impl Filesystem for MemFs {
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EINVAL);
         }
-        let perm = (mode & !umask & 0o7777) as u16;
-        let owner = (req.uid(), req.gid());
-        match self
-            .tree()
-            .make(parent.0, name, FileType::RegularFile, perm, owner, true)
-        {
+        match self.make(req, parent, name, FileType::RegularFile, mode & !umask) {
             Ok(a) => {
                 let fopen = talon_client::fuse::fs::open_flags(Class::Relaxed, flags);
                 reply.created(&self.ttl, &a, Generation(0), FileHandle(a.ino.0), fopen)
@@ -690,17 +667,20 @@ mod tests {
         assert_eq!(t.read(f.ino.0, 0, 100), Ok(&b"\0\0\0abc"[..]));
         assert_eq!(t.read(f.ino.0, 10, 100), Ok(&b""[..]));
         assert_eq!(t.lookup(d.ino.0, OsStr::new("f")).expect("lookup").size, 6);
-        let names: Vec<_> = t
-            .list(d.ino.0, 0)
-            .expect("list")
-            .into_iter()
-            .map(|(_, next, n)| (next, n))
-            .collect();
+        let listed = |from| {
+            let mut names: Vec<(u64, OsString)> = Vec::new();
+            t.each_entry(d.ino.0, from, |_, next, n, _| {
+                names.push((next, n.to_owned()));
+                false
+            })
+            .expect("list");
+            names
+        };
         assert_eq!(
-            names,
+            listed(0),
             vec![(1, ".".into()), (2, "..".into()), (3, "f".into())]
         );
-        assert_eq!(t.list(d.ino.0, 2).expect("list from 2").len(), 1);
+        assert_eq!(listed(2), vec![(3, "f".into())]);
         assert_eq!(t.remove(ROOT, OsStr::new("d"), true), Err(Errno::ENOTEMPTY));
         assert_eq!(
             t.remove(d.ino.0, OsStr::new("f"), true),

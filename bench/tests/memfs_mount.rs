@@ -9,11 +9,7 @@ use talon_bench::mdtest::{self, MdtestArgs};
 use talon_bench::target::TargetSpec;
 
 fn is_mounted(dir: &Path) -> bool {
-    let dir = std::fs::canonicalize(dir).expect("canonical path");
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .expect("mountinfo")
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(dir.to_str().expect("utf-8 path")))
+    talon_client::fuse::is_mounted(&std::fs::canonicalize(dir).expect("canonical path"))
 }
 
 /// Kills memfs and lazily unmounts its mount point if the test ends before it does.

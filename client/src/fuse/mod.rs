@@ -141,9 +141,8 @@ fn entry_in(table: &str, want: &str) -> Option<(String, String)> {
 /// The mount options and session threads of a mount named `name`: `default_permissions`,
 /// devices and set-ID bits honoured, `allow_other` as asked, `threads` session threads
 /// reading the kernel's requests (each on its own clone of the device when there are
-/// several). Every Talon mount is made with it; `talon-bench memfs` too, so that its
-/// ceiling is measured with the same options.
-pub fn session_config(name: &str, allow_other: bool, threads: usize) -> fuser::Config {
+/// several). Every mount [`Mount::start_fs`] makes has them.
+fn session_config(name: &str, allow_other: bool, threads: usize) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(name.into()),
@@ -165,7 +164,7 @@ pub fn session_config(name: &str, allow_other: bool, threads: usize) -> fuser::C
 /// set, so a sequential reader of a large file (a checkpoint loaded at a job's start) would
 /// be sent 128 KiB reads; 1 MiB ones cost a quarter of the requests. The setting is the
 /// device's, in sysfs, which only root may write: otherwise the kernel's default stays.
-pub fn widen_readahead(mountpoint: &Path) {
+fn widen_readahead(mountpoint: &Path) {
     let Some((dev, _)) = mount_entry(mountpoint) else {
         tracing::debug!(mountpoint = %mountpoint.display(), "not in the mount table");
         return;
@@ -214,16 +213,31 @@ impl Mount {
         opts: &MountOptions,
         rt: tokio::runtime::Handle,
     ) -> Result<Mount, MountError> {
-        let mountpoint = check_mountpoint(&opts.mountpoint)?;
         let ttl = opts
             .relaxed_ttl
             .unwrap_or(client.cluster_map().relaxed_staleness);
         let fs = TalonFs::new(client, rt, ttl);
         let shared = fs.shared();
-        let config = session_config("talon", opts.allow_other, opts.threads);
+        Mount::start_fs(fs, "talon", opts, |session| {
+            shared.set_notifier(session.notifier())
+        })
+    }
+
+    /// Mounts file system `fs`, named `name`, as `opts` says (its `relaxed_ttl` is `fs`'s
+    /// business), with the options every Talon mount has (`session_config`); `started`
+    /// is given the session before anything else is done with it. `Mount::start` mounts
+    /// Talon's with it, and `talon-bench memfs` its in-memory ceiling.
+    pub fn start_fs<FS: fuser::Filesystem + Send + 'static>(
+        fs: FS,
+        name: &str,
+        opts: &MountOptions,
+        started: impl FnOnce(&fuser::BackgroundSession),
+    ) -> Result<Mount, MountError> {
+        let mountpoint = check_mountpoint(&opts.mountpoint)?;
+        let config = session_config(name, opts.allow_other, opts.threads);
         let session = fuser::spawn_mount(fs, &mountpoint, &config)
             .map_err(|e| MountError::Fuse(mountpoint.clone(), e))?;
-        shared.set_notifier(session.notifier());
+        started(&session);
         widen_readahead(&mountpoint);
         tracing::info!(mountpoint = %mountpoint.display(), "mounted");
         Ok(Mount {
