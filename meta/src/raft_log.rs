@@ -11,6 +11,13 @@
 //! Entries appended and not yet applied are also kept in memory (`crate::log_recent`), and
 //! the apply and a leader's replication read them from there rather than back from RocksDB.
 //!
+//! The committed id is written with the group's next append (or its next truncate or purge,
+//! or when the handle is dropped at a stop), not by a write of its own: openraft saves it
+//! at every commit, and a RocksDB write of its own cost the Raft core as much as a tenth of
+//! an append. It is only where a restarted replica starts applying: one read back behind
+//! the last commit is applied further when the group commits an entry of the new term, as a
+//! replica that saved none is, and reads wait for that (see `crate::partition`).
+//!
 //! A replica never resumes leading after a restart: the vote it reads back at start-up
 //! is never a committed one, so openraft starts it as a follower (as etcd's Raft does)
 //! rather than as the leader of the term it led, and leading again takes an election in
@@ -205,6 +212,7 @@ impl LogDb {
             mark: None,
             recent: Arc::default(),
             applies: true,
+            unsaved_committed: None,
         }
     }
 
@@ -217,6 +225,7 @@ impl LogDb {
             mark: Some(mark),
             recent: Arc::default(),
             applies: true,
+            unsaved_committed: None,
         }
     }
 
@@ -402,6 +411,29 @@ pub struct LogStore {
     /// Reads through this handle are the apply's (the group's own handle, not a reader
     /// handed out for replication): they take what they read out of `recent`.
     applies: bool,
+    /// The committed id openraft saved last, while it waits for the handle's next write
+    /// (see the module's header).
+    unsaved_committed: Option<Option<LogId<NodeId>>>,
+}
+
+/// The group's own handle saves the committed id it still holds (not synced: it is where a
+/// restart starts applying, not a promise; see the module's header).
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        let Some(committed) = self.unsaved_committed.take().filter(|_| self.applies) else {
+            return;
+        };
+        let saved = crate::format::encode(&committed)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                (self.db.db)
+                    .put(self.key(b'c', None), b)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = saved {
+            tracing::warn!(group = self.group, "save the committed id at a stop: {e}");
+        }
+    }
 }
 
 impl LogStore {
@@ -443,7 +475,7 @@ impl LogStore {
     }
 
     async fn put_meta<T: serde::Serialize>(
-        &self,
+        &mut self,
         tag: u8,
         v: &T,
         sync: bool,
@@ -460,10 +492,11 @@ impl LogStore {
         .await
     }
 
-    /// Writes the batch `build` makes, synced if `sync`; one that finds the disk full
-    /// waits for room and is written again (see [`Gate::write_waiting`]).
+    /// Writes the batch `build` makes, with the committed id not yet saved, synced if
+    /// `sync`; one that finds the disk full waits for room and is written again (see
+    /// [`Gate::write_waiting`]).
     async fn write_waiting(
-        &self,
+        &mut self,
         subject: ErrorSubject<NodeId>,
         verb: ErrorVerb,
         sync: bool,
@@ -471,12 +504,25 @@ impl LogStore {
     ) -> Result<(), StorageError> {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
+        let committed = match &self.unsaved_committed {
+            Some(c) => {
+                Some(crate::format::encode(c).map_err(|e| io_err(subject.clone(), verb, e))?)
+            }
+            None => None,
+        };
+        let committed_key = self.key(b'c', None);
         let what = format!("the Raft log of group {}", self.group);
         Gate::write_waiting(self.db.gate.as_ref(), what, || {
-            self.db.db.write_opt(build(), &wo)
+            let mut batch = build();
+            if let Some(c) = &committed {
+                batch.put(&committed_key, c);
+            }
+            self.db.db.write_opt(batch, &wo)
         })
         .await
-        .map_err(|e| io_err(subject, verb, e))
+        .map_err(|e| io_err(subject, verb, e))?;
+        self.unsaved_committed = None;
+        Ok(())
     }
 
     fn decode_entry(b: &[u8]) -> Result<Entry<TypeConfig>, StorageError> {
@@ -601,10 +647,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        LogStore {
-            applies: false,
-            ..self.clone()
-        }
+        let mut reader = self.clone();
+        reader.applies = false;
+        reader.unsaved_committed = None;
+        reader
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
@@ -621,18 +667,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }))
     }
 
+    /// Kept until the handle's next write (see the module's header).
     async fn save_committed(
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError> {
-        self.put_meta(b'c', &committed, false, ErrorSubject::Store)
-            .await
+        self.unsaved_committed = Some(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        let committed = self
-            .get_meta::<Option<LogId<NodeId>>>(b'c', ErrorSubject::Store)?
-            .flatten();
+        let committed = match self.unsaved_committed {
+            Some(c) => c,
+            None => self
+                .get_meta::<Option<LogId<NodeId>>>(b'c', ErrorSubject::Store)?
+                .flatten(),
+        };
         // A follower that crashed while installing a snapshot may have saved a committed id
         // past the end of its log (the entries it lacks were in the snapshot). At start-up
         // openraft re-applies up to the committed id and would fail on the missing entries;
@@ -844,6 +894,32 @@ mod tests {
         assert_eq!(s.read_committed().await.expect("read"), Some(id(10)));
         s.save_committed(Some(id(9))).await.expect("save committed");
         assert_eq!(s.read_committed().await.expect("read"), Some(id(9)));
+    }
+
+    /// openraft's save of the committed id is stored with the group handle's next write,
+    /// or when the handle is dropped, not by a write of its own; the handle itself reads
+    /// back what it was given at once.
+    #[tokio::test]
+    async fn the_committed_id_is_stored_with_the_next_write_or_at_the_drop() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mark = Arc::new(SnapshotMark::default());
+        let mut s = store_with_entries(dir.path(), 4, mark.clone());
+        let mut other = s.db.group_behind(3, mark);
+
+        s.save_committed(Some(id(2))).await.expect("save committed");
+        assert_eq!(s.read_committed().await.expect("read"), Some(id(2)));
+        assert_eq!(other.read_committed().await.expect("read"), None);
+
+        s.save_vote(&Vote::new(1, 1)).await.expect("save a vote");
+        assert_eq!(other.read_committed().await.expect("read"), Some(id(2)));
+
+        s.save_committed(Some(id(3))).await.expect("save committed");
+        let mut reader = s.get_log_reader().await;
+        drop(reader.try_get_log_entries(1..2).await.expect("read"));
+        drop(reader);
+        assert_eq!(other.read_committed().await.expect("read"), Some(id(2)));
+        drop(s);
+        assert_eq!(other.read_committed().await.expect("read"), Some(id(3)));
     }
 
     fn copy_dir(from: &Path, to: &Path) {
