@@ -11,12 +11,13 @@
 //! Entries appended and not yet applied are also kept in memory (`crate::log_recent`), and
 //! the apply and a leader's replication read them from there rather than back from RocksDB.
 //!
-//! The committed id is written with the group's next append (or its next truncate or purge,
-//! or when the handle is dropped at a stop), not by a write of its own: openraft saves it
-//! at every commit, and a RocksDB write of its own cost the Raft core as much as a tenth of
-//! an append. It is only where a restarted replica starts applying: one read back behind
-//! the last commit is applied further when the group commits an entry of the new term, as a
-//! replica that saved none is, and reads wait for that (see `crate::partition`).
+//! The committed id is written with the group's next write (an append, a truncate, a purge
+//! or a vote), or when the handle is dropped at a stop, not by a write of its own: openraft
+//! saves it at every commit, and a RocksDB write of its own cost the Raft core half as much
+//! as the appends' own writes (bench/README.md, a57b7a6). It is only where a restarted
+//! replica starts applying: one read back behind the last commit is applied further when
+//! the group commits an entry of the new term, as a replica that saved none is, and reads
+//! wait for that (see `crate::partition`).
 //!
 //! A replica never resumes leading after a restart: the vote it reads back at start-up
 //! is never a committed one, so openraft starts it as a follower (as etcd's Raft does)
