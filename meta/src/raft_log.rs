@@ -400,6 +400,9 @@ impl SnapshotMark {
     }
 }
 
+/// A key and the record to put at it.
+type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// The log store of one partition group (a handle on the node's shared log database).
 #[derive(Clone, Debug)]
 pub struct LogStore {
@@ -417,20 +420,16 @@ pub struct LogStore {
     unsaved_committed: Option<Option<LogId<NodeId>>>,
 }
 
-/// The group's own handle saves the committed id it still holds (not synced: it is where a
-/// restart starts applying, not a promise; see the module's header).
+/// A handle dropped with a committed id not yet saved saves it (not synced: it is where a
+/// restart starts applying, not a promise; see the module's header). A reader handed out
+/// for replication never holds one.
 impl Drop for LogStore {
     fn drop(&mut self) {
-        let Some(committed) = self.unsaved_committed.take().filter(|_| self.applies) else {
-            return;
+        let saved = match self.unsaved_committed_put() {
+            Ok(Some((key, value))) => self.db.db.put(key, value).map_err(|e| e.to_string()),
+            Ok(None) => return,
+            Err(e) => Err(e.to_string()),
         };
-        let saved = crate::format::encode(&committed)
-            .map_err(|e| e.to_string())
-            .and_then(|b| {
-                (self.db.db)
-                    .put(self.key(b'c', None), b)
-                    .map_err(|e| e.to_string())
-            });
         if let Err(e) = saved {
             tracing::warn!(group = self.group, "save the committed id at a stop: {e}");
         }
@@ -451,6 +450,13 @@ impl LogStore {
             k.extend_from_slice(&i.to_be_bytes());
         }
         k
+    }
+
+    /// The key and record of the committed id openraft saved and no write has carried yet.
+    fn unsaved_committed_put(&self) -> Result<Option<KeyValue>, postcard::Error> {
+        self.unsaved_committed
+            .map(|c| Ok((self.key(b'c', None), crate::format::encode(&c)?)))
+            .transpose()
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(
@@ -505,18 +511,14 @@ impl LogStore {
     ) -> Result<(), StorageError> {
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        let committed = match &self.unsaved_committed {
-            Some(c) => {
-                Some(crate::format::encode(c).map_err(|e| io_err(subject.clone(), verb, e))?)
-            }
-            None => None,
-        };
-        let committed_key = self.key(b'c', None);
+        let committed = self
+            .unsaved_committed_put()
+            .map_err(|e| io_err(subject.clone(), verb, e))?;
         let what = format!("the Raft log of group {}", self.group);
         Gate::write_waiting(self.db.gate.as_ref(), what, || {
             let mut batch = build();
-            if let Some(c) = &committed {
-                batch.put(&committed_key, c);
+            if let Some((key, value)) = &committed {
+                batch.put(key, value);
             }
             self.db.db.write_opt(batch, &wo)
         })
