@@ -8,7 +8,10 @@
 //!   proposal; the state machine's own WAL is not synced, as in the server);
 //! - the packed store: a 4 KiB body written (a `WriteBody` command applied) and read back
 //!   whole with its checksum (`reads::read_stored_unblocking`, what an open by inode
-//!   reads: from the store's memory here).
+//!   reads: from the store's memory here);
+//! - a lookup's reads (`View::lookup`: the epoch, the parent's class, the entry's lock, the
+//!   entry and its inode) in a directory of 20,000 files flushed to table files in five
+//!   steps, of a name that is there and of one that is not.
 //!
 //! `cargo bench -p talon-bench --bench server_paths`
 
@@ -200,10 +203,51 @@ fn packed_store(c: &mut Criterion) {
     g.finish();
 }
 
+/// Files in the looked-up directory, and the flushes that spread them over table files.
+const LOOKUP_FILES: u64 = 20_000;
+const LOOKUP_FLUSHES: u64 = 5;
+
+fn lookup(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lookup");
+    let mut replica = Replica::new();
+    let per_flush = LOOKUP_FILES / LOOKUP_FLUSHES;
+    for first in (0..LOOKUP_FILES).step_by(BATCH) {
+        replica.apply(create_batch(first));
+        if (first + BATCH as u64) % per_flush < BATCH as u64 {
+            replica.store.db().flush().expect("flush the store");
+        }
+    }
+    let names: Vec<Vec<u8>> = (0..LOOKUP_FILES)
+        .step_by(97)
+        .map(|i| format!("img_{i:010}.JPEG").into_bytes())
+        .collect();
+    let mut next = 0usize;
+    g.bench_function("present", |b| {
+        b.iter(|| {
+            next = (next + 1) % names.len();
+            let got = replica
+                .store
+                .read(|v| v.lookup(0, ROOT_INO, black_box(&names[next]), false))
+                .expect("read");
+            assert!(got.dentry.is_some());
+        })
+    });
+    g.bench_function("absent", |b| {
+        b.iter(|| {
+            let got = replica
+                .store
+                .read(|v| v.lookup(0, ROOT_INO, black_box(b"img_missing.JPEG"), false))
+                .expect("read");
+            assert!(got.dentry.is_none());
+        })
+    });
+    g.finish();
+}
+
 mod group {
     #![allow(missing_docs)]
-    use super::{keys, packed_store, proposal};
-    criterion::criterion_group!(benches, keys, proposal, packed_store);
+    use super::{keys, lookup, packed_store, proposal};
+    criterion::criterion_group!(benches, keys, proposal, packed_store, lookup);
 }
 
 criterion_main!(group::benches);

@@ -35,8 +35,7 @@ use crate::node::{Node, PeerReply, PeerRequest};
 use crate::partition::{Partition, STRICT_READS};
 use crate::records::{storage_error, Dentry, InodeRec, RequestRec};
 use crate::txn::Txns;
-use crate::types::{CommandResult, Expect, NodeId, Op, Target};
-use openraft::LogId;
+use crate::types::{CommandResult, Expect, Op, Target};
 use std::collections::BTreeMap;
 use talon_model::placement::{dir_partitions, entry_partition};
 use talon_model::{
@@ -408,45 +407,21 @@ impl<'a> Namespace<'a> {
         check_name(name)?;
         let part = self.node.local(p)?;
         let traced = tracing::enabled!(target: STRICT_READS, tracing::Level::DEBUG);
-        // One view for the whole answer: the epoch, the parent's class where it is known
-        // here (an unknown parent is not fetched for a read: absent entries answer ENOENT
-        // either way), the entry, and its inode when this partition is its home.
+        // One view for the whole answer (`View::lookup`).
         let view = || {
             part.store
-                .read(|v| {
-                    let cur_epoch = v.epoch()?;
-                    let known_class = if parent.home() == p {
-                        v.inode(parent)?.map(|r| r.attr.class)
-                    } else {
-                        v.get(&crate::keys::live_dir(parent))?
-                            .map(|b| crate::records::dec::<Class>(&b, "live dir"))
-                            .transpose()?
-                    };
-                    let key = crate::keys::dentry(parent, name);
-                    // The applied id this view holds, for the trace of strict reads.
-                    let applied = if traced {
-                        v.get(crate::keys::meta::APPLIED)?
-                            .map(|b| crate::records::dec::<LogId<NodeId>>(&b, "applied"))
-                            .transpose()?
-                    } else {
-                        None
-                    };
-                    let mut locked = v.get(&crate::keys::lock(&key))?.is_some();
-                    let dentry = v.dentry(parent, name)?;
-                    let inode = match &dentry {
-                        Some(d) if d.ino.home() == p => {
-                            let rec = v.inode(d.ino)?;
-                            locked |= v.strict_inode_locked(d.ino, rec.as_ref())?;
-                            Some(rec)
-                        }
-                        _ => None,
-                    };
-                    Ok((cur_epoch, known_class, locked, dentry, inode, applied))
-                })
+                .read(|v| v.lookup(p, parent, name, traced))
                 .map_err(storage_error)
         };
-        let (cur_epoch, known_class, locked, dentry, inode, applied) = self
-            .read_at_class(part, relaxed, 0, view, |(_, class, ..)| *class)
+        let crate::view::LookupRead {
+            epoch: cur_epoch,
+            known_class,
+            locked,
+            dentry,
+            inode,
+            applied,
+        } = self
+            .read_at_class(part, relaxed, 0, view, |r| r.known_class)
             .await?;
         if traced && known_class == Some(Class::Strict) {
             tracing::debug!(

@@ -9,8 +9,28 @@
 use crate::keys::{self, meta};
 use crate::kv::{Kv, Overlay};
 use crate::records::{dec, Dentry, Fatal, InodeRec, RequestRec};
-use crate::types::TxId;
-use talon_model::Ino;
+use crate::types::{NodeId, TxId};
+use openraft::LogId;
+use talon_model::{Class, Ino};
+
+/// What a lookup of one name reads, from one view ([`View::lookup`]).
+#[derive(Debug)]
+pub struct LookupRead {
+    /// The partition's namespace epoch.
+    pub epoch: u64,
+    /// The parent's class where this partition knows it: its home, or a live-directory
+    /// record learned here (an unknown parent is not fetched for a read: absent entries
+    /// answer ENOENT either way).
+    pub known_class: Option<Class>,
+    /// Whether a prepared transaction holds the entry, or the strict inode it names.
+    pub locked: bool,
+    /// The entry.
+    pub dentry: Option<Dentry>,
+    /// The entry's inode where this partition is its home (`Some(None)`: its home, absent).
+    pub inode: Option<Option<InodeRec>>,
+    /// The applied id this view holds, when asked for (the trace of strict reads).
+    pub applied: Option<LogId<NodeId>>,
+}
 
 /// The state as a command sees it: the store, then the call's staged writes, then its own.
 pub struct View<'a> {
@@ -206,6 +226,53 @@ impl<'a> View<'a> {
             return Ok(false);
         }
         Ok(self.locked(&keys::inode(ino))?.is_some())
+    }
+
+    /// What a lookup of `name` in `parent` on partition `p` answers from: the epoch, the
+    /// parent's class, the entry's lock, the entry and, where `p` is its home, its inode;
+    /// the applied id too if `applied`.
+    pub fn lookup(
+        &self,
+        p: u32,
+        parent: Ino,
+        name: &[u8],
+        applied: bool,
+    ) -> Result<LookupRead, Fatal> {
+        let epoch = self.epoch()?;
+        let known_class = if parent.home() == p {
+            self.inode(parent)?.map(|r| r.attr.class)
+        } else {
+            self.get(&keys::live_dir(parent))?
+                .map(|b| dec::<Class>(&b, "live dir"))
+                .transpose()?
+        };
+        let applied = if applied {
+            self.get(meta::APPLIED)?
+                .map(|b| dec::<LogId<NodeId>>(&b, "applied"))
+                .transpose()?
+        } else {
+            None
+        };
+        let mut locked = self
+            .get(&keys::lock(&keys::dentry(parent, name)))?
+            .is_some();
+        let dentry = self.dentry(parent, name)?;
+        let inode = match &dentry {
+            Some(d) if d.ino.home() == p => {
+                let rec = self.inode(d.ino)?;
+                locked |= self.strict_inode_locked(d.ino, rec.as_ref())?;
+                Some(rec)
+            }
+            _ => None,
+        };
+        Ok(LookupRead {
+            epoch,
+            known_class,
+            locked,
+            dentry,
+            inode,
+            applied,
+        })
     }
 
     pub(crate) fn locked(&self, key: &[u8]) -> Result<Option<TxId>, Fatal> {
