@@ -10,7 +10,7 @@
 //!   whole with its checksum (`reads::read_stored_unblocking`, what an open by inode
 //!   reads: from the store's memory here);
 //! - a lookup's reads (`View::lookup`: the epoch, the parent's class, the entry's lock, the
-//!   entry and its inode) in a directory of 20,000 files flushed to table files in five
+//!   entry and its inode) in a directory of 20,480 files flushed to table files in five
 //!   steps, of a name that is there and of one that is not.
 //!
 //! `cargo bench -p talon-bench --bench server_paths`
@@ -203,8 +203,9 @@ fn packed_store(c: &mut Criterion) {
     g.finish();
 }
 
-/// Files in the looked-up directory, and the flushes that spread them over table files.
-const LOOKUP_FILES: u64 = 20_000;
+/// Files in the looked-up directory (320 batches), and the flushes that spread them over
+/// table files (one every 64 batches).
+const LOOKUP_FILES: u64 = 20_480;
 const LOOKUP_FLUSHES: u64 = 5;
 
 fn lookup(c: &mut Criterion) {
@@ -213,7 +214,7 @@ fn lookup(c: &mut Criterion) {
     let per_flush = LOOKUP_FILES / LOOKUP_FLUSHES;
     for first in (0..LOOKUP_FILES).step_by(BATCH) {
         replica.apply(create_batch(first));
-        if (first + BATCH as u64) % per_flush < BATCH as u64 {
+        if (first + BATCH as u64).is_multiple_of(per_flush) {
             replica.store.db().flush().expect("flush the store");
         }
     }

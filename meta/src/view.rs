@@ -253,10 +253,12 @@ impl<'a> View<'a> {
         } else {
             None
         };
-        let mut locked = self
-            .get(&keys::lock(&keys::dentry(parent, name)))?
-            .is_some();
-        let dentry = self.dentry(parent, name)?;
+        let key = keys::dentry(parent, name);
+        let mut locked = self.get(&keys::lock(&key))?.is_some();
+        let dentry = self
+            .get(&key)?
+            .map(|b| dec::<Dentry>(&b, "dentry"))
+            .transpose()?;
         let inode = match &dentry {
             Some(d) if d.ino.home() == p => {
                 let rec = self.inode(d.ino)?;
