@@ -312,6 +312,19 @@ impl Core {
         self.read_held(offset, len).await
     }
 
+    /// The bytes a read of `len` at `offset` answers, borrowed, where a small body holds
+    /// them all (no zeros past its end to add); `None` where they must be put together.
+    fn held_slice(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let Body::Small(b) = &self.body else {
+            return None;
+        };
+        let end = offset.saturating_add(len).min(self.size);
+        if offset >= end {
+            return Some(&[]);
+        }
+        b.get(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)
+    }
+
     /// As [`Core::read_at`], whatever the File was opened for.
     async fn read_held(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         let end = offset.saturating_add(len).min(self.size);
@@ -910,6 +923,31 @@ impl File {
     /// this File's uncommitted writes included.
     pub async fn read_at(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         self.core().await?.read_at(offset, len).await
+    }
+
+    /// As [`File::read_at`], with the bytes handed to `answer`: borrowed from the body where
+    /// the File holds them (a small file's), so that the mount writes its reply from them
+    /// without a copy.
+    pub(crate) async fn read_with<R>(
+        &mut self,
+        offset: u64,
+        len: u64,
+        answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
+    ) -> R {
+        let core = match self.core().await {
+            Ok(c) => c,
+            Err(e) => return answer(Err(e)),
+        };
+        if !core.opts.read {
+            return answer(Err(bad_fd(&core.what, "reading")));
+        }
+        if let Some(held) = core.held_slice(offset, len) {
+            return answer(Ok(held));
+        }
+        match core.read_held(offset, len).await {
+            Ok(bytes) => answer(Ok(&bytes)),
+            Err(e) => answer(Err(e)),
+        }
     }
 
     /// As [`File::read_at`], whatever the File was opened for (write-only too): the
