@@ -312,6 +312,26 @@ impl Core {
         self.read_held(offset, len).await
     }
 
+    /// As [`Core::read_at`], with the bytes handed to `answer`: borrowed from a small body
+    /// that holds them all, put together otherwise.
+    async fn read_with<R>(
+        &mut self,
+        offset: u64,
+        len: u64,
+        answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
+    ) -> R {
+        if !self.opts.read {
+            return answer(Err(bad_fd(&self.what, "reading")));
+        }
+        if let Some(held) = self.held_slice(offset, len) {
+            return answer(Ok(held));
+        }
+        match self.read_held(offset, len).await {
+            Ok(bytes) => answer(Ok(&bytes)),
+            Err(e) => answer(Err(e)),
+        }
+    }
+
     /// The bytes a read of `len` at `offset` answers, borrowed, where a small body holds
     /// them all (no zeros past its end to add); `None` where they must be put together.
     fn held_slice(&self, offset: u64, len: u64) -> Option<&[u8]> {
@@ -934,18 +954,8 @@ impl File {
         len: u64,
         answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
     ) -> R {
-        let core = match self.core().await {
-            Ok(c) => c,
-            Err(e) => return answer(Err(e)),
-        };
-        if !core.opts.read {
-            return answer(Err(bad_fd(&core.what, "reading")));
-        }
-        if let Some(held) = core.held_slice(offset, len) {
-            return answer(Ok(held));
-        }
-        match core.read_held(offset, len).await {
-            Ok(bytes) => answer(Ok(&bytes)),
+        match self.core().await {
+            Ok(core) => core.read_with(offset, len, answer).await,
             Err(e) => answer(Err(e)),
         }
     }
