@@ -312,39 +312,6 @@ impl Core {
         self.read_held(offset, len).await
     }
 
-    /// As [`Core::read_at`], with the bytes handed to `answer`: borrowed from a small body
-    /// that holds them all, put together otherwise.
-    async fn read_with<R>(
-        &mut self,
-        offset: u64,
-        len: u64,
-        answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
-    ) -> R {
-        if !self.opts.read {
-            return answer(Err(bad_fd(&self.what, "reading")));
-        }
-        if let Some(held) = self.held_slice(offset, len) {
-            return answer(Ok(held));
-        }
-        match self.read_held(offset, len).await {
-            Ok(bytes) => answer(Ok(&bytes)),
-            Err(e) => answer(Err(e)),
-        }
-    }
-
-    /// The bytes a read of `len` at `offset` answers, borrowed, where a small body holds
-    /// them all (no zeros past its end to add); `None` where they must be put together.
-    fn held_slice(&self, offset: u64, len: u64) -> Option<&[u8]> {
-        let Body::Small(b) = &self.body else {
-            return None;
-        };
-        let end = offset.saturating_add(len).min(self.size);
-        if offset >= end {
-            return Some(&[]);
-        }
-        b.get(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)
-    }
-
     /// As [`Core::read_at`], whatever the File was opened for.
     async fn read_held(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         let end = offset.saturating_add(len).min(self.size);
@@ -943,21 +910,6 @@ impl File {
     /// this File's uncommitted writes included.
     pub async fn read_at(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, TalonError> {
         self.core().await?.read_at(offset, len).await
-    }
-
-    /// As [`File::read_at`], with the bytes handed to `answer`: borrowed from the body where
-    /// the File holds them (a small file's), so that the mount writes its reply from them
-    /// without a copy.
-    pub(crate) async fn read_with<R>(
-        &mut self,
-        offset: u64,
-        len: u64,
-        answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
-    ) -> R {
-        match self.core().await {
-            Ok(core) => core.read_with(offset, len, answer).await,
-            Err(e) => answer(Err(e)),
-        }
     }
 
     /// As [`File::read_at`], whatever the File was opened for (write-only too): the

@@ -219,20 +219,12 @@ impl OpenFile {
         }
     }
 
-    /// Up to `len` bytes at `offset` (fewer only at the end of the file), handed to
-    /// `answer`: borrowed from the body the handle holds where it holds them.
-    pub async fn read_with<R>(
-        &self,
-        offset: u64,
-        len: u32,
-        answer: impl FnOnce(Result<&[u8], TalonError>) -> R,
-    ) -> R {
+    /// Up to `len` bytes at `offset` (fewer only at the end of the file).
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, TalonError> {
         let mut g = self.file.lock().await;
         self.refresh(&mut g).await;
-        match self.file(&mut g).await {
-            Ok(f) => f.read_with(offset, u64::from(len), answer).await,
-            Err(e) => answer(Err(e)),
-        }
+        let f = self.file(&mut g).await?;
+        f.read_at(offset, u64::from(len)).await
     }
 
     /// Up to `len` bytes at `offset` as this handle's uncommitted writes make them, for a

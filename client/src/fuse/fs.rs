@@ -1089,16 +1089,14 @@ impl Filesystem for TalonFs {
             let Some(f) = s.files.get(fh.0) else {
                 return reply.error(fuser::Errno::from_i32(libc::EBADF));
             };
-            match s.read_through_writer(&f, offset, size).await {
-                Ok(Some(bytes)) => reply.data(&bytes),
-                // The reply is written from the handle's body where it holds the bytes.
-                Ok(None) => {
-                    f.read_with(offset, size, |read| match read {
-                        Ok(bytes) => reply.data(bytes),
-                        Err(e) => reply.error(errno("read", &e)),
-                    })
-                    .await
+            let read = async {
+                match s.read_through_writer(&f, offset, size).await? {
+                    Some(bytes) => Ok(bytes),
+                    None => f.read(offset, size).await,
                 }
+            };
+            match read.await {
+                Ok(bytes) => reply.data(&bytes),
                 Err(e) => reply.error(errno("read", &e)),
             }
         });
