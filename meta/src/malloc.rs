@@ -10,6 +10,10 @@
 //! [`tune`] caps the arenas (glibc's default is eight per core, one per contending thread;
 //! two by default here). Both are `[storage]` settings. Owns nothing else. Builds on
 //! another C library leave its allocator alone.
+//!
+//! Rust's own allocations do not go through it in the `talon` and `talon-meta` binaries,
+//! whose global allocator is jemalloc (it hands freed pages back by itself, after a decay
+//! time); a library user's process keeps whatever allocator it chose.
 
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
