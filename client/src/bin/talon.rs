@@ -7,8 +7,8 @@ use talon_client::cli::{run, Cli};
 /// Rust's allocations go to jemalloc; RocksDB's (memtables, cached blocks) stay with the C
 /// library's malloc, which `talon_meta::malloc` keeps within the node's budget. Alternated
 /// with the C library's malloc on a fresh `talon up`, mdtest's creates and removes through
-/// the mount were faster for less CPU and the same peak resident memory (bench/README.md,
-/// "Rust's allocations through jemalloc").
+/// the mount were a tenth or more faster for less CPU, with a peak resident memory within a
+/// few MiB of glibc's (bench/README.md, "Rust's allocations through jemalloc").
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

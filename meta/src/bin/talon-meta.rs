@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use talon_meta::config::{Config, NodeEntry};
 
 /// Rust's allocations go to jemalloc, RocksDB's stay with the C library's malloc (which
-/// `talon_meta::malloc` keeps within the node's budget), as in the `talon` binary: less CPU
-/// for the same peak memory (bench/README.md, "Rust's allocations through jemalloc").
+/// `talon_meta::malloc` keeps within the node's budget), as in the `talon` binary, where it
+/// took less CPU for about the same peak memory (bench/README.md, "Rust's allocations
+/// through jemalloc").
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
