@@ -44,10 +44,11 @@ pub struct StorageConfig {
     /// (blobs) of every partition, least recently used out first. 0: RocksDB's default
     /// block cache per store and no cache of bodies.
     pub cache_bytes: u64,
-    /// How often the process hands memory its allocator holds free back to the kernel, in
-    /// ms (glibc only; 0: never). See `crate::malloc`.
+    /// How often the process hands memory the C library's allocator holds free back to the
+    /// kernel, in ms (glibc only; 0: never): RocksDB's memory, as the `talon` and
+    /// `talon-meta` binaries allocate Rust's through jemalloc. See `crate::malloc`.
     pub trim_every_ms: u64,
-    /// Most arenas the process's allocator keeps (glibc only; 0: its own default of eight
+    /// Most arenas the C library's allocator keeps (glibc only; 0: its own default of eight
     /// per core). Set as the node opens.
     pub malloc_arenas: u32,
     /// Records of one kind (chunks, unlinked files, request records, open sessions) a
